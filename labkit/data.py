@@ -1,0 +1,407 @@
+"""Datasets: registry (official URLs and md5 sums), lookup, download, loaders, and network-ready inputs.
+
+Lookup order for a dataset's folder: ``$LABKIT_DATA``, then ``data/`` in the repository, then the user cache.
+Each root is laid out like the extracted archives: ``cifar-10-batches-bin/data_batch_1.bin`` and
+``fashion-mnist/t10k-images-idx3-ubyte.gz``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from .nets import Net, get_net
+
+REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+CIFAR_RECORD = 3073  # 1 label byte + 3 x 1024 pixel bytes
+
+
+@dataclass(frozen=True)
+class Remote:
+    url: str
+    md5: str
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One dataset of the registry: the folder it lives in, its files and where they come from."""
+
+    name: str
+    folder: str
+    files: dict[str, str | None]  # file name -> md5 of the complete official file (None: cannot be checked)
+    remotes: tuple[Remote, ...]
+    archive: bool  # True: the remote is one .tar.gz that extracts to ``folder``
+    fetch_hint: str
+
+
+DATASETS = {
+    "cifar10": Dataset(
+        name="cifar10",
+        folder="cifar-10-batches-bin",
+        files={
+            "data_batch_1.bin": "5dd7e06a14cb22eb9f671a540d1b7c25",
+            "data_batch_2.bin": "5ea93a67294ea407fff1d09f752e9692",
+            "data_batch_3.bin": "942cd6a4bcdd0dd3c604fbe906cb4421",
+            "data_batch_4.bin": "ae636b3ba5c66a11e91e8cb52e771fcb",
+            "data_batch_5.bin": "53f37980c15c3d472c316c40844f3f0d",
+            "test_batch.bin": None,  # official md5 not published per file; partial copies exist
+        },
+        remotes=(Remote("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
+                        "c32a1d4ab5d03f1284b67883e8d87530"),),
+        archive=True,
+        fetch_hint="labkit data fetch cifar10",
+    ),
+    "fashion": Dataset(
+        name="fashion",
+        folder="fashion-mnist",
+        files={
+            "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+            "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+            "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+        },
+        remotes=tuple(
+            Remote(f"http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/{f}", md5)
+            for f, md5 in (
+                ("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+                ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
+                ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
+                ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"),
+            )
+        ),
+        archive=False,
+        fetch_hint="labkit data fetch fashion",
+    ),
+}
+
+
+class DataError(Exception):
+    """Data missing, truncated or corrupt: the message says what and what to do."""
+
+
+class DataNotFound(DataError, FileNotFoundError):
+    pass
+
+
+def get_dataset(name: str) -> Dataset:
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}") from None
+
+
+def user_cache() -> Path:
+    import pooch
+
+    return Path(pooch.os_cache("labkit"))
+
+
+def search_roots() -> list[tuple[str, Path]]:
+    """Where datasets are looked for, in order, each with the reason it is searched."""
+    roots = []
+    if os.environ.get("LABKIT_DATA"):
+        roots.append(("$LABKIT_DATA", Path(os.environ["LABKIT_DATA"]).expanduser()))
+    roots.append(("repository data/", REPO_DATA))
+    roots.append(("user cache", user_cache()))
+    return roots
+
+
+def default_download_root() -> Path:
+    """``$LABKIT_DATA`` if set, else ``data/`` when running from a checkout, else the user cache."""
+    if os.environ.get("LABKIT_DATA"):
+        return Path(os.environ["LABKIT_DATA"]).expanduser()
+    if (REPO_DATA.parent / "pyproject.toml").exists():
+        return REPO_DATA
+    return user_cache()
+
+
+def find(name: str, file: str | None = None) -> Path:
+    """The folder holding dataset ``name`` (and ``file`` in it, if given), or one clear error."""
+    ds = get_dataset(name)
+    need = file or next(iter(ds.files))
+    looked = []
+    for label, root in search_roots():
+        folder = root / ds.folder
+        if (folder / need).is_file():
+            return folder
+        looked.append(f"{folder} ({label})")
+    raise DataNotFound(
+        f"{name}: {need} not found. Looked in: {'; '.join(looked)}. "
+        f"Fetch it with `{ds.fetch_hint}` (needs internet), or point LABKIT_DATA at a folder that holds "
+        f"{ds.folder}/."
+    )
+
+
+def available(name: str) -> bool:
+    try:
+        find(name)
+        return True
+    except DataNotFound:
+        return False
+
+
+# -------------------------------------------------------------------------------------------- download
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(name: str, root: str | Path | None = None, progress: bool = True,
+          remotes: tuple[Remote, ...] | None = None) -> Path:
+    """Download dataset ``name`` (pooch: md5-checked, with a progress bar) into ``root`` and return its folder.
+
+    ``remotes`` overrides the registry's URLs (tests serve an archive from 127.0.0.1). A bad checksum raises
+    DataError and leaves no partial files behind.
+    """
+    import pooch
+
+    ds = get_dataset(name)
+    root = Path(root) if root is not None else default_download_root()
+    folder = root / ds.folder
+    if all((folder / f).is_file() for f in ds.files):
+        return folder
+    remotes = remotes or ds.remotes
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
+        tmp = Path(tmp)
+        fetched = []
+        for remote in remotes:
+            fname = remote.url.rstrip("/").rsplit("/", 1)[-1]
+            try:
+                fetched.append(Path(pooch.retrieve(remote.url, known_hash=f"md5:{remote.md5}", fname=fname,
+                                                   path=tmp, progressbar=progress)))
+            except ValueError as exc:  # pooch: hash mismatch
+                raise DataError(f"{name}: download of {remote.url} failed its checksum ({exc}). Nothing was "
+                                f"kept; try again, or download it by hand and check its md5 {remote.md5}.") from None
+            except Exception as exc:  # network errors come in many types (requests, urllib3, OSError)
+                raise DataError(f"{name}: could not download {remote.url}: {exc.__class__.__name__}: {exc}. "
+                                f"Check the connection, or copy the data into {root}/{ds.folder}/ by hand.") from None
+        staged = tmp / "staged"
+        if ds.archive:
+            with tarfile.open(fetched[0]) as tar:
+                tar.extractall(staged, filter="data")
+            src = staged / ds.folder
+            if not src.is_dir():
+                raise DataError(f"{name}: the archive from {remotes[0].url} holds no {ds.folder}/ folder")
+        else:
+            src = staged / ds.folder
+            src.mkdir(parents=True)
+            for path in fetched:
+                shutil.move(str(path), src / path.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in src.iterdir():
+            os.replace(item, folder / item.name)  # same file system: atomic per file
+    return folder
+
+
+# --------------------------------------------------------------------------------------------- loaders
+
+
+@dataclass
+class Images:
+    """A slice of a dataset as stored: uint8 images (N, C, H, W), int64 labels (N,) and where they came from.
+    ``labels`` is None for synthetic inputs."""
+
+    images: np.ndarray
+    labels: np.ndarray | None
+    dataset: str
+    split: str
+    source: str
+    synthetic: bool = False
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+@lru_cache(maxsize=None)
+def _checked(path: Path, size: int, mtime: float) -> None:
+    """Verify a complete official file against its md5 once per process (partial files cannot be)."""
+    ds = next(d for d in DATASETS.values() if path.name in d.files)
+    expected = ds.files[path.name]
+    if expected and _md5(path) != expected:
+        raise DataError(f"{path} fails its checksum (md5 {expected} expected): the file is corrupt. Delete it and "
+                        f"run `{ds.fetch_hint}` again.")
+
+
+def _verify(path: Path, complete: bool = True) -> None:
+    if complete:
+        st = path.stat()
+        _checked(path, st.st_size, st.st_mtime)
+
+
+def cifar_batch_files(split: str) -> list[str]:
+    if split == "train":
+        return [f"data_batch_{i}.bin" for i in range(1, 6)]
+    if split == "test":
+        return ["test_batch.bin"]
+    raise ValueError(f"CIFAR-10 split must be 'train' or 'test', not {split!r}")
+
+
+def read_cifar_batch(path: str | Path, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One binary batch file: (uint8 images N x 3 x 32 x 32, int64 labels). Partial files are fine."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size % CIFAR_RECORD:
+        raise DataError(f"{path} is truncated mid-record: {size} bytes is not a multiple of the {CIFAR_RECORD}-byte "
+                        f"record ({size // CIFAR_RECORD} whole records, then {size % CIFAR_RECORD} stray bytes). "
+                        f"Fetch the file again.")
+    count = size // CIFAR_RECORD
+    _verify(path, complete=count == 10000)
+    n = count if limit is None else min(limit, count)
+    raw = np.fromfile(path, dtype=np.uint8, count=n * CIFAR_RECORD).reshape(n, CIFAR_RECORD)
+    labels = raw[:, 0].astype(np.int64)
+    if labels.size and labels.max() > 9:
+        raise DataError(f"{path}: label byte {labels.max()} is not a CIFAR-10 class (0..9); not a CIFAR-10 binary batch")
+    return np.ascontiguousarray(raw[:, 1:].reshape(n, 3, 32, 32)), labels
+
+
+def _take(n: int | None, have: int, name: str, split: str, where: str) -> int:
+    if n is None:
+        return have
+    if n < 1:
+        raise ValueError(f"asked for {n} images; ask for at least 1")
+    if n > have:
+        raise DataError(f"asked for {n} {name} {split} images but only {have} exist in {where}. Ask for at most "
+                        f"{have}" + (" (this copy of the test batch is partial)" if have % 10000 else "") + ".")
+    return n
+
+
+def load_cifar10(n: int | None = None, split: str = "train") -> Images:
+    """The first ``n`` images of the CIFAR-10 split, in official order across batch files."""
+    files = cifar_batch_files(split)
+    folder = find("cifar10", files[0])
+    paths = [folder / f for f in files if (folder / f).is_file()]
+    have = sum(p.stat().st_size // CIFAR_RECORD for p in paths)
+    n = _take(n, have, "CIFAR-10", split, str(folder))
+    images, labels, left = [], [], n
+    for path in paths:
+        if left == 0:
+            break
+        x, y = read_cifar_batch(path, limit=left)
+        images.append(x)
+        labels.append(y)
+        left -= len(y)
+    return Images(np.concatenate(images), np.concatenate(labels), "cifar10", split, str(folder))
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """An IDX file (gzip or plain): magic 2049 labels (N,) or 2051 images (N, rows, cols), uint8."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (EOFError, gzip.BadGzipFile, OSError) as exc:
+        raise DataError(f"{path} is corrupt or truncated ({exc}). Delete it and fetch it again.") from None
+    magic = int.from_bytes(data[:4], "big")
+    ndim = {2049: 1, 2051: 3}.get(magic)
+    if ndim is None:
+        raise DataError(f"{path}: magic number {magic} is not an IDX label (2049) or image (2051) file")
+    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    start = 4 + 4 * ndim
+    need = int(np.prod(dims))
+    if len(data) - start != need:
+        raise DataError(f"{path} is truncated: its header promises {need} bytes of data ({dims}), "
+                        f"it holds {len(data) - start}. Fetch it again.")
+    return np.frombuffer(data, dtype=np.uint8, offset=start).reshape(dims)
+
+
+def load_fashion(n: int | None = None, split: str = "test") -> Images:
+    """The first ``n`` Fashion-MNIST images of the split, as stored (uint8, N x 1 x 28 x 28)."""
+    prefix = {"train": "train", "test": "t10k"}.get(split)
+    if prefix is None:
+        raise ValueError(f"Fashion-MNIST split must be 'train' or 'test', not {split!r}")
+    img_name, lbl_name = f"{prefix}-images-idx3-ubyte.gz", f"{prefix}-labels-idx1-ubyte.gz"
+    folder = find("fashion", img_name)
+    for name in (img_name, lbl_name):
+        if not (folder / name).is_file():
+            raise DataNotFound(f"{folder} has {img_name} but not {name}; run `labkit data fetch fashion`")
+        _verify(folder / name)
+    images, labels = read_idx(folder / img_name), read_idx(folder / lbl_name)
+    if len(images) != len(labels):
+        raise DataError(f"{folder}: {len(images)} images but {len(labels)} labels")
+    n = _take(n, len(images), "Fashion-MNIST", split, str(folder))
+    return Images(np.ascontiguousarray(images[:n, None]), labels[:n].astype(np.int64), "fashion", split, str(folder))
+
+
+def load(dataset: str, n: int | None = None, split: str | None = None) -> Images:
+    if dataset == "cifar10":
+        return load_cifar10(n, split or "train")
+    if dataset == "fashion":
+        return load_fashion(n, split or "test")
+    raise ValueError(f"unknown dataset {dataset!r}; choose one of: {', '.join(DATASETS)}")
+
+
+def synthetic(net: str | Net, n: int, seed: int = 0) -> Images:
+    """Random uint8 images in the dataset's stored shape, for runs without data. No labels."""
+    net = get_net(net)
+    shape = (3, 32, 32) if net.dataset == "cifar10" else (1, 28, 28)
+    rng = np.random.default_rng(seed)
+    return Images(rng.integers(0, 256, size=(n, *shape), dtype=np.uint8), None, net.dataset, "synthetic",
+                  f"synthetic (numpy seed {seed})", synthetic=True)
+
+
+# ------------------------------------------------------------------------------------ network inputs
+
+
+@lru_cache(maxsize=None)
+def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) matrix of 1-D bilinear resampling, half-pixel centres, edges clamped
+    (the same as torch's ``interpolate(mode="bilinear", align_corners=False)`` and OpenCV's INTER_LINEAR)."""
+    scale = n_in / n_out
+    src = np.clip((np.arange(n_out) + 0.5) * scale - 0.5, 0, n_in - 1)
+    lo = np.floor(src).astype(int)
+    hi = np.minimum(lo + 1, n_in - 1)
+    frac = src - lo
+    m = np.zeros((n_out, n_in), dtype=np.float64)
+    m[np.arange(n_out), lo] += 1 - frac
+    m[np.arange(n_out), hi] += frac
+    return m
+
+
+def resize_bilinear(images: np.ndarray, size: int) -> np.ndarray:
+    """Resize a batch (N, C, H, W) to (N, C, size, size) bilinearly; float32 out."""
+    n, c, h, w = images.shape
+    rows, cols = bilinear_matrix(h, size), bilinear_matrix(w, size)
+    x = images.astype(np.float64)
+    return np.einsum("ih,nchw,jw->ncij", rows, x, cols, optimize=True).astype(np.float32)
+
+
+def to_input(net: str | Net, images: np.ndarray | Images) -> np.ndarray:
+    """Network-ready float32 NCHW tensor from stored uint8 images.
+
+    cifar10: pixel = byte/255 - 0.5 (as the original C code). fashion: byte/255, 28x28 -> 70x70 bilinear.
+    """
+    net = get_net(net)
+    x = images.images if isinstance(images, Images) else np.asarray(images)
+    if x.dtype != np.uint8:
+        raise ValueError(f"to_input expects the stored uint8 images, got {x.dtype}")
+    if net.dataset == "cifar10":
+        return (x.astype(np.float32) / np.float32(255.0) - np.float32(0.5)).astype(np.float32)
+    if net.dataset == "fashion":
+        out = []
+        for i in range(0, len(x), 2000):  # bounded memory for 60000 images
+            out.append(resize_bilinear(x[i:i + 2000].astype(np.float32) / np.float32(255.0), net.input_shape[1]))
+        return np.concatenate(out) if out else np.zeros((0, *net.input_shape), np.float32)
+    raise ValueError(f"no input preparation for dataset {net.dataset!r}")
+
+
+def load_inputs(net: str | Net, n: int, split: str | None = None) -> tuple[np.ndarray, Images]:
+    """``n`` network-ready inputs of the net's workload and the stored images they came from."""
+    net = get_net(net)
+    images = load(net.dataset, n, split)
+    return to_input(net, images), images
