@@ -1,0 +1,55 @@
+"""Shared test set-up: the CUDA simulator (unless LABKIT_TEST_GPU=1) and the real data from LABKIT_DATA."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Must happen before anything imports numba. On a GPU box, LABKIT_TEST_GPU=1 runs the tests on the real device.
+if os.environ.get("LABKIT_TEST_GPU") != "1":
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "datasets"
+if not os.environ.get("LABKIT_DATA") and SHARED_DATA.is_dir():
+    os.environ["LABKIT_DATA"] = str(SHARED_DATA)
+
+DATA_ROOT = Path(os.environ["LABKIT_DATA"]) if os.environ.get("LABKIT_DATA") else None
+
+
+def _has(rel: str) -> bool:
+    return DATA_ROOT is not None and (DATA_ROOT / rel).exists()
+
+
+def _skip_reason(rel: str) -> str:
+    where = DATA_ROOT if DATA_ROOT else f"LABKIT_DATA (unset) or {SHARED_DATA} (absent)"
+    return f"real data {rel} not found under {where}; set LABKIT_DATA to a folder laid out like ../shared/datasets"
+
+
+@pytest.fixture
+def cifar_root() -> Path:
+    if not _has("cifar-10-batches-bin/data_batch_1.bin"):
+        pytest.skip(_skip_reason("cifar-10-batches-bin/data_batch_1.bin"))
+    return DATA_ROOT
+
+
+@pytest.fixture
+def fashion_root() -> Path:
+    if not _has("fashion-mnist/t10k-images-idx3-ubyte.gz"):
+        pytest.skip(_skip_reason("fashion-mnist/t10k-images-idx3-ubyte.gz"))
+    return DATA_ROOT
+
+
+@pytest.fixture
+def c_study_weights() -> Path:
+    if not _has("cnn-cifar10-weights/layer1_conv.txt"):
+        pytest.skip(_skip_reason("cnn-cifar10-weights/layer1_conv.txt"))
+    return DATA_ROOT / "cnn-cifar10-weights"
+
+
+@pytest.fixture
+def rng():
+    """Fresh randomness every run: tests must hold for any valid input, not one seed."""
+    import numpy as np
+
+    return np.random.default_rng()
