@@ -50,6 +50,7 @@ class Net:
     report: str  # "cifar" (per-layer report, Net Accuracy) or "ece408" (Op Time / Correctness)
     workloads: tuple[int, ...] = ()
     classes: tuple[str, ...] = field(default=())
+    default_images: int = 0  # what `labkit run` uses when no count is given
 
     def layer(self, name: str) -> Layer:
         for layer in self.layers:
@@ -96,6 +97,22 @@ class Net:
     @property
     def conv_layers(self) -> list[str]:
         return [layer.name for layer in self.layers if layer.kind == "conv"]
+
+    def scaled(self, input_hw: tuple[int, int], max_channels: int | None = None, suffix: str = "-mini") -> "Net":
+        """A smaller copy of this net (same layer kinds, kernels, pads and strides) for the CUDA simulator:
+        a smaller input and, optionally, at most ``max_channels`` maps per conv layer. fc input sizes follow."""
+        layers = []
+        for layer in self.layers:
+            if layer.kind == "conv" and max_channels:
+                layer = Layer(layer.name, layer.kind, min(layer.out, max_channels), layer.kernel, layer.pad,
+                              layer.stride, layer.bias)
+            layers.append(layer)
+        c = self.input_shape[0]
+        net = Net(self.name + suffix, (c, *input_hw), tuple(layers), self.dataset, self.report, (), self.classes,
+                  default_images=2)
+        if any(d < 1 for shape in net.shapes().values() for d in shape):
+            raise ValueError(f"input {input_hw} is too small for {self.name}: some layer would have no output")
+        return net
 
     def describe(self) -> str:
         lines = [f"{self.name}: input {'x'.join(map(str, self.input_shape))}"]
@@ -148,6 +165,7 @@ CIFAR10 = Net(
     dataset="cifar10",
     report="cifar",
     workloads=(1200, 50000),
+    default_images=1200,
     classes=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
 )
 
@@ -168,6 +186,7 @@ FASHION = Net(
     dataset="fashion",
     report="ece408",
     workloads=(100, 1000, 10000),
+    default_images=10000,
     classes=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
              "Ankle boot"),
 )

@@ -26,20 +26,30 @@ def _dtype(accumulate: str):
 
 def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, pad: int = 0, stride: int = 1,
            accumulate: str = "float32") -> np.ndarray:
-    """``y[n, m, h, w] = b[m] + sum_{c,p,q} x[n, c, h*s+p-pad, w*s+q-pad] * w[m, c, p, q]`` (im2col + GEMM)."""
+    """``y[n, m, h, w] = b[m] + sum_{c,p,q} x[n, c, h*s+p-pad, w*s+q-pad] * w[m, c, p, q]`` (im2col + GEMM).
+
+    Runs in chunks of images so the im2col buffer stays near 64 MB whatever the batch size.
+    """
     dt = _dtype(accumulate)
     n, c, h, wd = x.shape
     m, c2, k, k2 = w.shape
     if c != c2 or k != k2:
         raise ValueError(f"conv2d: input has {c} channels and weights are {w.shape}; need [M, {c}, K, K]")
-    xp = np.pad(x.astype(dt, copy=False), ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else x.astype(dt, copy=False)
-    win = sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]  # N, C, Ho, Wo, K, K
-    ho, wo = win.shape[2], win.shape[3]
-    cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, c * k * k)
-    out = cols @ w.reshape(m, c * k * k).astype(dt, copy=False).T
-    if b is not None:
-        out += b.astype(dt, copy=False)
-    return np.ascontiguousarray(out.reshape(n, ho, wo, m).transpose(0, 3, 1, 2))
+    ho, wo = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    wmat = w.reshape(m, c * k * k).astype(dt, copy=False).T
+    out = np.empty((n, m, ho, wo), dtype=dt)
+    step = max(1, (64 << 20) // max(1, ho * wo * c * k * k * np.dtype(dt).itemsize))
+    for i in range(0, n, step):
+        xs = x[i:i + step].astype(dt, copy=False)
+        if pad:
+            xs = np.pad(xs, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        win = sliding_window_view(xs, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]  # N, C, Ho, Wo, K, K
+        cols = win.transpose(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k)
+        y = cols @ wmat
+        if b is not None:
+            y += b.astype(dt, copy=False)
+        out[i:i + step] = y.reshape(-1, ho, wo, m).transpose(0, 3, 1, 2)
+    return out
 
 
 def relu(x: np.ndarray) -> np.ndarray:

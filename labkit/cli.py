@@ -1,0 +1,118 @@
+"""The ``labkit`` command: info, data, run (the main job), and the course tools built on them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import data as data_mod
+from .nets import NETS, get_net
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="labkit")
+def main():
+    """CNN-on-GPU course lab kit."""
+
+
+@main.command()
+def info():
+    """What hardware and software this machine has, and what that means for the course."""
+    from .device import describe
+
+    click.echo(describe())
+    click.echo("")
+    for name, ds in data_mod.DATASETS.items():
+        try:
+            click.echo(f"data {name}: {data_mod.find(name)}")
+        except data_mod.DataNotFound:
+            click.echo(f"data {name}: not found (run `{ds.fetch_hint}`)")
+
+
+@main.group()
+def data():
+    """Find and download the datasets."""
+
+
+@data.command("fetch")
+@click.argument("names", nargs=-1, type=click.Choice([*data_mod.DATASETS, "all"]))
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder to download into (default: $LABKIT_DATA, else data/ in the repo, else the user cache).")
+def data_fetch(names, root):
+    """Download datasets with their published md5 sums checked (default: all)."""
+    names = [n for n in data_mod.DATASETS] if not names or "all" in names else list(names)
+    failed = False
+    for name in names:
+        try:
+            folder = data_mod.fetch(name, root=root)
+            click.echo(f"{name}: ready in {folder}")
+        except data_mod.DataError as exc:
+            click.echo(f"{name}: {exc}", err=True)
+            failed = True
+    sys.exit(1 if failed else 0)
+
+
+@data.command("where")
+def data_where():
+    """Where datasets are looked for, in order, and what is found there."""
+    for label, root in data_mod.search_roots():
+        found = [n for n, ds in data_mod.DATASETS.items() if (root / ds.folder).is_dir()]
+        click.echo(f"{label:<18} {root}  {'has ' + ', '.join(found) if found else '(nothing)'}")
+
+
+def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
+    """Real images if present (downloading them when allowed), else synthetic ones, said in one line."""
+    if synthetic:
+        return data_mod.to_input(net, data_mod.synthetic(net, images)), None, "synthetic inputs (--synthetic)"
+    try:
+        x, stored = data_mod.load_inputs(net, images)
+        return x, stored.labels, f"{stored.split} images from {stored.source}"
+    except data_mod.DataNotFound as exc:
+        if download:
+            click.echo(f"{net.dataset} not found locally; downloading it (use --no-download to skip).")
+            try:
+                data_mod.fetch(net.dataset)
+                x, stored = data_mod.load_inputs(net, images)
+                return x, stored.labels, f"{stored.split} images from {stored.source}"
+            except data_mod.DataError as dl:
+                click.echo(f"Download failed: {dl}")
+        click.echo(f"No {net.dataset} data, so running on SYNTHETIC inputs (accuracy n/a). {exc}")
+        return data_mod.to_input(net, data_mod.synthetic(net, images)), None, "SYNTHETIC inputs (no data)"
+
+
+@main.command()
+@click.option("--net", "net_name", type=click.Choice(list(NETS)), default="cifar10", show_default=True)
+@click.option("--images", type=click.IntRange(min=1), default=None,
+              help="Images to run (default: 1200 for cifar10, 10000 for fashion).")
+@click.option("--weights", type=click.Path(exists=True, path_type=Path), default=None,
+              help="An .npz file, or a folder of the C study's layerN_*.txt files (default: the kit's own).")
+@click.option("--download/--no-download", default=True, show_default=True,
+              help="Download the dataset if it is not found locally.")
+@click.option("--synthetic", is_flag=True, help="Run on synthetic inputs even if data is present.")
+@click.option("--record", "ledger", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Append the per-layer times to this results ledger (JSON lines).")
+def run(net_name, images, weights, download, synthetic, ledger):
+    """The main job: the reference forward pass with the report in the network's original format."""
+    from . import nets, runner, timing
+    from .workloads import Workload
+
+    net = get_net(net_name)
+    images = images or net.default_images
+    try:
+        w = nets.load_weights(net, weights)
+        x, labels, source = _inputs_or_synthetic(net, images, download, synthetic)
+    except (ValueError, FileNotFoundError, data_mod.DataError) as exc:
+        raise click.ClickException(str(exc)) from None
+    wsrc = weights or nets.shipped_weights_path(net)
+    click.echo(f"{net.name}: {len(x)} {source}; weights {wsrc}")
+    wl = Workload(net, w, x, labels, simulated=False, synthetic=labels is None, note=source)
+    result = runner.run(wl, stage="reference", warmup=False, quiet=True)
+    click.echo(timing.format_report(result.report))
+    if ledger:
+        timing.Ledger(ledger).record(result.report, command=" ".join(["labkit", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Workloads: which network, weights and images a stage runs on, chosen for the machine at hand.
+
+On a GPU (or for CPU code) a workload is the real network with the kit's trained weights and real images.
+GPU kernels under the CUDA simulator get a shrunk network, random weights and two synthetic images, because
+every simulated thread runs as Python. Every choice is stated in ``note`` and printed, never hidden.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import data
+from .nets import Net, get_net, load_weights, random_weights
+
+QUICK_CPU_IMAGES = 64  # LABKIT_QUICK=1 (set by the test suite): CPU stages use at most this many images
+SIM_IMAGES = 2
+
+
+@dataclass
+class Workload:
+    net: Net
+    weights: dict[str, np.ndarray]
+    x: np.ndarray  # network-ready float32 inputs (N, C, H, W)
+    labels: np.ndarray | None  # None for synthetic inputs
+    simulated: bool  # GPU kernels run on the CUDA simulator
+    synthetic: bool
+    note: str
+
+    @property
+    def images(self) -> int:
+        return len(self.x)
+
+    def __str__(self) -> str:
+        return self.note
+
+
+def quick() -> bool:
+    return os.environ.get("LABKIT_QUICK", "") not in ("", "0")
+
+
+def workload(net: str | Net, images: int | None = None, *, target: str = "gpu", weights=None,
+             split: str | None = None, allow_synthetic: bool = True, quiet: bool = False) -> Workload:
+    """Pick what to run. ``target`` is "gpu" for numba.cuda kernels and "cpu" for CPU code (numba, numpy).
+
+    ``weights``: None for the kit's shipped weights, a path (.npz or the C study's folder), or a dict.
+    """
+    from .device import info
+
+    net = get_net(net)
+    images = images or net.default_images
+    if target not in ("gpu", "cpu"):
+        raise ValueError(f"target must be 'gpu' or 'cpu', not {target!r}")
+    sim = info().simulated
+    if target == "gpu" and sim:
+        from .check import check_net
+
+        small = check_net(net)
+        n = min(images, SIM_IMAGES)
+        w = random_weights(small, seed=0)
+        x = data.to_input(net, data.synthetic(net, n).images) if net.dataset == "cifar10" else None
+        if x is None or x.shape[1:] != small.input_shape:
+            x = np.random.default_rng(0).uniform(0, 1, (n, *small.input_shape)).astype(np.float32)
+        note = (f"simulated: {small.name} (input {'x'.join(map(str, small.input_shape))}, random weights), {n} "
+                f"synthetic images instead of {images} (the CUDA simulator runs every thread in Python)")
+        return _announce(Workload(small, w, x, None, True, True, note), quiet)
+    n = min(images, QUICK_CPU_IMAGES) if quick() and target == "cpu" else images
+    w = weights if isinstance(weights, dict) else load_weights(net, weights)
+    try:
+        x, stored = data.load_inputs(net, n, split)
+        labels, synthetic = stored.labels, False
+        note = f"{net.name}: {n} {net.dataset} {stored.split} images from {stored.source}"
+    except data.DataNotFound as exc:
+        if not allow_synthetic:
+            raise
+        stored = data.synthetic(net, n)
+        x, labels, synthetic = data.to_input(net, stored), None, True
+        note = f"{net.name}: {n} SYNTHETIC images (no data: {exc})"
+    if n != images:
+        note += f" (LABKIT_QUICK: {n} instead of {images})"
+    return _announce(Workload(net, w, x, labels, sim and target == "gpu", synthetic, note), quiet)
+
+
+def _announce(wl: Workload, quiet: bool) -> Workload:
+    if not quiet:
+        print(f"Workload: {wl.note}")
+    return wl

@@ -1,0 +1,56 @@
+"""pyproject.toml and environment.yml must ask for the same packages with the same pins."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = re.compile(r"^([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*(.*)$")
+
+
+def _parse(req: str) -> tuple[str, str]:
+    req = req.split(";")[0].strip()
+    m = NAME.match(req)
+    return m.group(1).lower().replace("_", "-"), m.group(3).replace(" ", "")
+
+
+def _pyproject() -> dict[str, str]:
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = [r for r in meta["dependencies"] if "python_version" not in r]  # back-ports are pip-only
+    reqs += meta["optional-dependencies"]["dev"]
+    return dict(_parse(r) for r in reqs)
+
+
+def _environment() -> dict[str, str]:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    deps = [d for d in env["dependencies"] if isinstance(d, str)]
+    return dict(_parse(d) for d in deps if not d.startswith(("python", "pip")) or d.startswith("python-"))
+
+
+def test_same_packages_and_pins():
+    py, conda = _pyproject(), _environment()
+    assert set(py) == set(conda), f"only in pyproject: {set(py) - set(conda)}; only in environment.yml: " \
+                                  f"{set(conda) - set(py)}"
+    diff = {k: (py[k], conda[k]) for k in py if py[k] != conda[k]}
+    assert not diff, f"pins differ (pyproject, environment.yml): {diff}"
+
+
+def test_numpy_pinned_below_2_5_for_numba():
+    spec = _pyproject()["numpy"]
+    assert "<2.5" in spec, f"numpy must stay below 2.5 while numba needs it; pyproject says {spec!r}"
+
+
+@pytest.mark.parametrize("extra,cupy", [("cuda12", "cupy-cuda12x"), ("cuda13", "cupy-cuda13x")])
+def test_gpu_extras_match_cuda_major(extra, cupy):
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [_parse(r)[0] for r in meta["optional-dependencies"][extra]]
+    assert cupy in names and "numba-cuda" in names
+    assert any(f"[cu{extra[-2:]}]" in r for r in meta["optional-dependencies"][extra])

@@ -1,0 +1,91 @@
+"""Regenerate the student notebooks in notebooks/ from the complete ones in solutions/.
+
+Code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes a TODO stub that raises
+NotImplementedError and says roughly how many lines the answer takes; outputs are dropped.
+
+    python tools/make_student.py           # write notebooks/
+    python tools/make_student.py --check   # exit 1 if notebooks/ is out of date (the tests do this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+_BEGIN_RE = re.compile(r"^(\s*)### BEGIN SOLUTION\s*$")
+
+
+def stub_source(source: str) -> str:
+    """Replace each solution block by a stub at the block's indentation."""
+    out, lines, i = [], source.splitlines(), 0
+    while i < len(lines):
+        m = _BEGIN_RE.match(lines[i])
+        if not m:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent = m.group(1)
+        j = i + 1
+        while j < len(lines) and lines[j].strip() != END:
+            j += 1
+        if j == len(lines):
+            raise ValueError(f"'{BEGIN}' without '{END}' in:\n{source}")
+        size = sum(1 for line in lines[i + 1:j] if line.strip() and not line.strip().startswith("#"))
+        out.append(f"{indent}# TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
+        out.append(f'{indent}raise NotImplementedError("replace this line with your code")')
+        i = j + 1
+    return "\n".join(out)
+
+
+def student_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = stub_source(cell.source)
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+    return nb
+
+
+def render(nb: nbformat.NotebookNode) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def build(solutions: Path = REPO / "solutions", notebooks: Path = REPO / "notebooks", check: bool = False) -> list[str]:
+    """Write (or, with ``check``, compare) every student notebook; return the names that differ."""
+    stale = []
+    notebooks.mkdir(exist_ok=True)
+    for src in sorted(solutions.glob("*.ipynb")):
+        text = render(student_notebook(nbformat.read(src, as_version=4)))
+        dst = notebooks / src.name
+        if not dst.exists() or dst.read_text() != text:
+            stale.append(src.name)
+            if not check:
+                dst.write_text(text)
+    extra = sorted({p.name for p in notebooks.glob("*.ipynb")} - {p.name for p in solutions.glob("*.ipynb")})
+    stale += [f"{name} (no solution)" for name in extra]
+    return stale
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report notebooks that are out of date")
+    args = parser.parse_args(argv)
+    stale = build(check=args.check)
+    if args.check and stale:
+        print("notebooks/ is out of date for: " + ", ".join(stale) + ". Run `python tools/make_student.py`.")
+        return 1
+    print(("updated: " + ", ".join(stale)) if stale else "notebooks/ is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
