@@ -3,7 +3,15 @@
 A notebook imports one thing: ``import labkit as lk``. Names are grouped by the module that owns them.
 """
 
+from . import check, data, device, nbcells, nets, plots, profile, reference, timing
+from .check import CheckResult, check_layer, check_layers, check_network
+from .data import load_cifar10, load_fashion, load_inputs, to_input
 from .nets import NETS, Layer, Net, get_net, load_c_study_weights, load_weights, random_weights, save_weights
+from .profile import Profiler
 from .reference import accuracy, conv2d, fc, forward, maxpool2d, predict, relu, softmax, tanh
+from .runner import NetRun, run
+from .stages import STAGES, Variant, check_variant, load_variants
+from .timing import Ledger, RunReport, Timer, format_report, measure
+from .workloads import Workload, workload
 
 __version__ = "0.1.0"

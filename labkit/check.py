@@ -243,6 +243,79 @@ def _run_student(fn: Callable, args: tuple, name: str) -> str | None:
     return None
 
 
+@dataclass
+class Case:
+    """One test case: inputs, weights and the float64 reference's answer (as float32)."""
+
+    name: str
+    layer: Layer | None  # None: the whole network
+    x: np.ndarray
+    weights: dict[str, np.ndarray]
+    expected: np.ndarray
+
+    def poisoned_out(self) -> np.ndarray:
+        return np.full(self.expected.shape, np.nan, np.float32)
+
+    def args(self, arrays: str = "host") -> tuple[tuple, object]:
+        """(arguments for the student's function, the out array in them) with out poisoned."""
+        x, w, out = _to_device(arrays, self.x), _to_device(arrays, self.weights), _to_device(arrays, self.poisoned_out())
+        return (layer_args(self.layer, x, w, out) if self.layer is not None else (x, w, out)), out
+
+
+def layer_case(net: str | Net, layer: str, batch: int, rng, target: str = "gpu") -> Case:
+    """Fresh random inputs and weights for one layer (shrunk under the simulator when ``target="gpu"``)."""
+    net = get_net(net)
+    spec = net.layer(layer)
+    if spec.kind == "flatten":
+        raise ValueError("flatten is a reshape, not a kernel: there is nothing to check")
+    if target not in ("gpu", "cpu"):
+        raise ValueError(f"target must be 'gpu' or 'cpu', not {target!r}")
+    sim = simulated() and target == "gpu"
+    in_shape = _layer_input_shape(net, spec, sim)
+    x = _inputs(spec.kind, (batch, *in_shape), rng)
+    weights = _layer_weights(spec, in_shape, rng, sim)
+    expected = reference.layer_forward(spec, x, weights, accumulate="float64").astype(np.float32)
+    return Case(spec.name, spec, x, weights, expected)
+
+
+def network_case(net: str | Net, batch: int, rng, target: str = "gpu") -> Case:
+    """Fresh random inputs and weights for the whole network (a shrunk net under the simulator)."""
+    net = check_net(net) if target == "gpu" else get_net(net)
+    weights = random_weights(net, seed=int(rng.integers(2 ** 31)))
+    x = rng.uniform(-0.5, 0.5, (batch, *net.input_shape)).astype(np.float32)
+    expected = reference.forward(net, weights, x, accumulate="float64")
+    return Case(net.name.removesuffix("-mini"), None, x, weights, expected)
+
+
+def default_batches(target: str = "gpu") -> tuple[int, ...]:
+    return SIM_BATCHES if simulated() and target == "gpu" else FULL_BATCHES
+
+
+def _check(fn: Callable, make_case: Callable, name: str, batches, tol, seed, arrays, quiet) -> CheckResult:
+    if arrays not in ("host", "device"):
+        raise ValueError(f"arrays must be 'host' or 'device', not {arrays!r}")
+    seed = _fresh_seed(seed)
+    rng = np.random.default_rng(seed)
+    result = None
+    for n in batches:
+        case = make_case(n, rng)
+        args, out = case.args(arrays)
+        problem = _run_student(fn, args, case.name)
+        if problem:
+            result = CheckResult(case.name, False, detail=problem, seed=seed)
+            break
+        got = out.copy_to_host() if arrays == "device" else out
+        result = compare(case.name, got, case.expected, tol, batch=n)
+        result.seed = seed
+        result.shapes = {"input": case.x.shape[1:]}
+        if not result.passed:
+            break
+        result.batches = tuple(batches)
+    if not quiet:
+        print(result)
+    return result
+
+
 def check_layer(fn: Callable, net: str | Net, layer: str, *, target: str = "gpu",
                 batches: tuple[int, ...] | None = None, tol: float = DEFAULT_TOL, seed: int | None = None,
                 arrays: str = "host", quiet: bool = False) -> CheckResult:
@@ -256,38 +329,8 @@ def check_layer(fn: Callable, net: str | Net, layer: str, *, target: str = "gpu"
     spec = net.layer(layer)
     if not callable(fn):
         raise TypeError(f"check_layer needs the function for {layer} ({SIGNATURES.get(spec.kind)}), got {fn!r}")
-    if arrays not in ("host", "device"):
-        raise ValueError(f"arrays must be 'host' or 'device', not {arrays!r}")
-    if target not in ("gpu", "cpu"):
-        raise ValueError(f"target must be 'gpu' or 'cpu', not {target!r}")
-    sim = simulated() and target == "gpu"
-    batches = tuple(batches or (SIM_BATCHES if sim else FULL_BATCHES))
-    seed = _fresh_seed(seed)
-    rng = np.random.default_rng(seed)
-    in_shape = _layer_input_shape(net, spec, sim)
-    if spec.kind == "flatten":
-        raise ValueError("flatten is a reshape, not a kernel: there is nothing to check")
-    result = None
-    for n in batches:
-        x = _inputs(spec.kind, (n, *in_shape), rng)
-        weights = _layer_weights(spec, in_shape, rng, sim)
-        expected = reference.layer_forward(spec, x, weights, accumulate="float64").astype(np.float32)
-        out = np.full(expected.shape, np.nan, np.float32)
-        d_x, d_w, d_out = _to_device(arrays, x), _to_device(arrays, weights), _to_device(arrays, out)
-        problem = _run_student(fn, layer_args(spec, d_x, d_w, d_out), spec.name)
-        if problem:
-            result = CheckResult(spec.name, False, detail=problem, seed=seed)
-            break
-        got = d_out.copy_to_host() if arrays == "device" else d_out
-        result = compare(spec.name, got, expected, tol, batch=n)
-        result.seed = seed
-        if not result.passed:
-            break
-        result.batches = batches
-    result.shapes = {"input": in_shape}
-    if not quiet:
-        print(result)
-    return result
+    return _check(fn, lambda n, rng: layer_case(net, layer, n, rng, target), layer,
+                  tuple(batches or default_batches(target)), tol, seed, arrays, quiet)
 
 
 def check_network(fn: Callable, net: str | Net, *, target: str = "gpu", batches: tuple[int, ...] | None = None,
@@ -295,34 +338,10 @@ def check_network(fn: Callable, net: str | Net, *, target: str = "gpu", batches:
                   quiet: bool = False) -> CheckResult:
     """Check a whole-network function ``fn(x, weights, out)`` (out: class probabilities) against the reference
     on fresh random inputs and fresh random weights (a shrunk network under the simulator)."""
-    net = check_net(net) if target == "gpu" else get_net(net)
     if not callable(fn):
         raise TypeError(f"check_network needs {SIGNATURES['network']}, got {fn!r}")
-    sim = net.name.endswith("-mini")
-    batches = tuple(batches or (SIM_BATCHES if sim else FULL_BATCHES))
-    seed = _fresh_seed(seed)
-    rng = np.random.default_rng(seed)
-    name = net.name.removesuffix("-mini")
-    result = None
-    for n in batches:
-        weights = random_weights(net, seed=int(rng.integers(2 ** 31)))
-        x = rng.uniform(-0.5, 0.5, (n, *net.input_shape)).astype(np.float32)
-        expected = reference.forward(net, weights, x, accumulate="float64")
-        out = np.full(expected.shape, np.nan, np.float32)
-        d_x, d_w, d_out = _to_device(arrays, x), _to_device(arrays, weights), _to_device(arrays, out)
-        problem = _run_student(fn, (d_x, d_w, d_out), name)
-        if problem:
-            result = CheckResult(name, False, detail=problem, seed=seed)
-            break
-        got = d_out.copy_to_host() if arrays == "device" else d_out
-        result = compare(name, got, expected, tol, batch=n)
-        result.seed = seed
-        if not result.passed:
-            break
-        result.batches = batches
-    if not quiet:
-        print(result)
-    return result
+    return _check(fn, lambda n, rng: network_case(net, n, rng, target), get_net(net).name,
+                  tuple(batches or default_batches(target)), tol, seed, arrays, quiet)
 
 
 def check_layers(impls: dict[str, Callable], net: str | Net, **kwargs) -> bool:

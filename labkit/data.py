@@ -284,8 +284,17 @@ def load_cifar10(n: int | None = None, split: str = "train") -> Images:
     """The first ``n`` images of the CIFAR-10 split, in official order across batch files."""
     files = cifar_batch_files(split)
     folder = find("cifar10", files[0])
-    paths = [folder / f for f in files if (folder / f).is_file()]
-    have = sum(p.stat().st_size // CIFAR_RECORD for p in paths)
+    # Official order: the images after a missing or partial batch file are unknown, so count only the batch files
+    # up to the first missing one and up to (including) the first partial one.
+    paths, have = [], 0
+    for f in files:
+        if not (folder / f).is_file():
+            break
+        paths.append(folder / f)
+        count = (folder / f).stat().st_size // CIFAR_RECORD
+        have += count
+        if count < 10000:
+            break
     n = _take(n, have, "CIFAR-10", split, str(folder))
     images, labels, left = [], [], n
     for path in paths:
@@ -381,6 +390,9 @@ def resize_bilinear(images: np.ndarray, size: int) -> np.ndarray:
     return np.einsum("ih,nchw,jw->ncij", rows, x, cols, optimize=True).astype(np.float32)
 
 
+_CIFAR_LUT = (np.arange(256, dtype=np.float64) / 255.0 - 0.5).astype(np.float32)
+
+
 def to_input(net: str | Net, images: np.ndarray | Images) -> np.ndarray:
     """Network-ready float32 NCHW tensor from stored uint8 images.
 
@@ -391,7 +403,9 @@ def to_input(net: str | Net, images: np.ndarray | Images) -> np.ndarray:
     if x.dtype != np.uint8:
         raise ValueError(f"to_input expects the stored uint8 images, got {x.dtype}")
     if net.dataset == "cifar10":
-        return (x.astype(np.float32) / np.float32(255.0) - np.float32(0.5)).astype(np.float32)
+        # as the C code's float = (double)byte / 255.0 - 0.5: one rounding to float32 (float32 arithmetic would
+        # round twice and be 1 ulp off for half the byte values)
+        return _CIFAR_LUT[x]
     if net.dataset == "fashion":
         out = []
         for i in range(0, len(x), 2000):  # bounded memory for 60000 images
