@@ -114,5 +114,38 @@ def run(net_name, images, weights, download, synthetic, ledger):
         timing.Ledger(ledger).record(result.report, command=" ".join(["labkit", *sys.argv[1:]]))
 
 
+def _csv_list(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+@main.command()
+@click.option("--stages", default=None, help="Stage numbers, comma-separated (default: every stage with VARIANTS).")
+@click.option("--nets", default=None, help="Networks, comma-separated (default: each variant's own).")
+@click.option("--images", default="1200", show_default=True, help="Image counts, comma-separated (e.g. 1200,50000).")
+@click.option("--notebooks", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Folder of stage notebooks (default: solutions/).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for ledger.jsonl, bench.csv, bench.json, summary.md and plots (default: results/scratch).")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed runs per variant after the warm-up; per-layer medians are reported.")
+@click.option("--per-image-max", type=click.IntRange(min=1), default=1200, show_default=True,
+              help="Largest image count for per-image variants.")
+@click.option("--cpu-max", type=click.IntRange(min=1), default=1200, show_default=True,
+              help="Largest image count for CPU variants.")
+@click.option("--no-baselines", is_flag=True, help="Skip the numpy reference and cuDNN rows.")
+def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, no_baselines):
+    """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
+    from . import bench as bench_mod
+    from .stages import SOLUTIONS
+
+    try:
+        counts = tuple(int(v) for v in _csv_list(images))
+    except ValueError:
+        raise click.BadParameter(f"--images takes whole numbers separated by commas, not {images!r}") from None
+    rows = bench_mod.bench(_csv_list(stages), _csv_list(nets), counts, notebooks or SOLUTIONS, out, repeat,
+                           bench_mod.Limits(per_image_max, cpu_max), baselines=not no_baselines)
+    click.echo(bench_mod.table(rows))
+
+
 if __name__ == "__main__":
     main()

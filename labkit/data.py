@@ -141,6 +141,14 @@ def find(name: str, file: str | None = None) -> Path:
     )
 
 
+def find_folder(folder: str) -> Path | None:
+    """A folder of other reference files (e.g. ``cnn-cifar10-weights``) in the first search root that has it."""
+    for _, root in search_roots():
+        if (root / folder).is_dir():
+            return root / folder
+    return None
+
+
 def available(name: str) -> bool:
     try:
         find(name)

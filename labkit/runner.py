@@ -112,7 +112,7 @@ def run(wl: Workload, impls=None, *, arrays: str | None = None, per_image: bool 
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
     report = timing.RunReport(net=wl.net.name, images=wl.images, layer_seconds=seconds, accuracy=acc,
                               device=label(), simulated=wl.simulated, synthetic=wl.synthetic, stage=stage,
-                              method=timing.Timer().method if hasattr(timing.Timer(), "method") else "auto")
+                              method=timing.resolve_method("auto"))
     result = NetRun(report, probs, predictions)
     if ledger is not None:
         ledger.record(report, command=command)

@@ -42,10 +42,13 @@ def quick() -> bool:
 
 
 def workload(net: str | Net, images: int | None = None, *, target: str = "gpu", weights=None,
-             split: str | None = None, allow_synthetic: bool = True, quiet: bool = False) -> Workload:
+             split: str | None = None, allow_synthetic: bool = True, tile: bool = False,
+             quiet: bool = False) -> Workload:
     """Pick what to run. ``target`` is "gpu" for numba.cuda kernels and "cpu" for CPU code (numba, numpy).
 
     ``weights``: None for the kit's shipped weights, a path (.npz or the C study's folder), or a dict.
+    ``tile``: when fewer images exist than asked for (a partial copy of the data), repeat the ones there are,
+    and say so: timing needs the count, accuracy is then over repeated images.
     """
     from .device import info
 
@@ -69,9 +72,20 @@ def workload(net: str | Net, images: int | None = None, *, target: str = "gpu", 
     n = min(images, QUICK_CPU_IMAGES) if quick() and target == "cpu" else images
     w = weights if isinstance(weights, dict) else load_weights(net, weights)
     try:
-        x, stored = data.load_inputs(net, n, split)
+        try:
+            x, stored = data.load_inputs(net, n, split)
+            note = f"{net.name}: {n} {net.dataset} {stored.split} images from {stored.source}"
+        except data.DataError as short:
+            if not tile or isinstance(short, data.DataNotFound):
+                raise
+            x, stored = data.load_inputs(net, None, split)
+            have = len(x)
+            reps = -(-n // have)
+            x = np.concatenate([x] * reps)[:n]
+            stored.labels = np.concatenate([stored.labels] * reps)[:n]
+            note = (f"{net.name}: {n} inputs = the {have} {net.dataset} {stored.split} images found in "
+                    f"{stored.source}, repeated (only {have} are here)")
         labels, synthetic = stored.labels, False
-        note = f"{net.name}: {n} {net.dataset} {stored.split} images from {stored.source}"
     except data.DataNotFound as exc:
         if not allow_synthetic:
             raise

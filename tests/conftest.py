@@ -1,6 +1,7 @@
 """Shared test set-up: the CUDA simulator (unless LABKIT_TEST_GPU=1) and the real data from LABKIT_DATA."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,9 @@ import pytest
 # Must happen before anything imports numba. On a GPU box, LABKIT_TEST_GPU=1 runs the tests on the real device.
 if os.environ.get("LABKIT_TEST_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    os.environ.setdefault("LABKIT_QUICK", "1")  # notebooks run by nbval inherit it: CPU stages use fewer images
+    if "numba.core.config" in sys.modules:  # a plugin imported numba first: make it read the variable again
+        sys.modules["numba.core.config"].reload_config()
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "datasets"

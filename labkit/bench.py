@@ -1,0 +1,195 @@
+"""The speed ladder: check and time every variant of every stage notebook in one run, on this machine.
+
+Each variant is checked first (fresh inputs, several batch sizes), then timed on real images (warm-up, then
+the per-layer median of several runs), and its predictions are compared with the numpy reference's on the
+same images. Results go to a ledger (JSON lines) with the device, date and command, a CSV summary, and a plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import platform
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from . import cudnn, device, reference, stages, timing
+from .nbcells import NotebookError
+from .runner import run
+from .workloads import workload
+
+
+@dataclass
+class Limits:
+    """Variants that would take minutes at large sizes are run only up to these image counts."""
+
+    per_image: int = 1200  # per-image launches: images x layers launches
+    cpu: int = 1200  # CPU variants (numba)
+
+
+def _median_report(reports: list[timing.RunReport]) -> timing.RunReport:
+    first = reports[0]
+    layers = {name: median(r.layer_seconds[name] for r in reports) for name in first.layer_seconds}
+    return timing.RunReport(net=first.net, images=first.images, layer_seconds=layers, accuracy=first.accuracy,
+                            device=first.device, simulated=first.simulated, synthetic=first.synthetic,
+                            stage=first.stage, method=first.method)
+
+
+def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
+    paths = sorted(notebooks.glob("*.ipynb"))
+    if selected:
+        paths = [p for p in paths if p.name[:2] in selected]
+    return paths
+
+
+def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None, images: tuple[int, ...] = (1200,),
+          notebooks: Path = stages.SOLUTIONS, out: Path | None = None, repeat: int = 3, limits: Limits = Limits(),
+          baselines: bool = True, command: str | None = None, progress: bool = True) -> list[dict]:
+    """Run the ladder; return one row per (stage, variant, net, images) and write them under ``out``."""
+    out = Path(out or timing.repo_root() / "results" / "scratch")
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = timing.Ledger(out / "ledger.jsonl")
+    command = command or " ".join(["labkit", *sys.argv[1:]])
+    jobs = []
+    for path in _stage_paths(Path(notebooks), stage_numbers):
+        try:
+            variants = stages.load_variants(path)
+        except NotebookError as exc:
+            if "no VARIANTS" not in str(exc):
+                raise
+            continue
+        for name, variant in variants.items():
+            for net in variant.nets:
+                if not nets or net in nets:
+                    jobs.append((path, name, variant, net))
+    rows: list[dict] = []
+    refs: dict = {}
+    bar = tqdm(total=len(jobs) * len(images) + (len(images) * len(nets or ["cifar10"]) if baselines else 0),
+               disable=not progress, desc="bench", unit="run")
+
+    def reference_of(net, n, target):
+        key = (net, n, target)
+        if key not in refs:
+            wl = workload(net, n, target=target, tile=True, quiet=True)
+            refs[key] = (wl, reference.predict(reference.forward(wl.net, wl.weights, wl.x)))
+        return refs[key]
+
+    for path, name, variant, net in jobs:
+        stage = stages.stage_of(path)
+        label = f"{stage.number if stage else path.stem} {name}"
+        checks = stages.check_variant(variant, net, quiet=True)
+        failed = [str(c) for c in checks if not c.passed]
+        for n in images:
+            row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,
+                   "target": variant.target, "arrays": variant.arrays, "per_image": variant.per_image,
+                   "checks": "PASS" if not failed else "FAIL", "check_failures": failed}
+            limit = limits.per_image if variant.per_image else limits.cpu if variant.target == "cpu" else None
+            if failed:
+                row["skipped"] = "checks failed"
+            elif limit is not None and n > limit:
+                row["skipped"] = f"{'per-image' if variant.per_image else 'CPU'} variants run up to {limit} images"
+            else:
+                try:
+                    wl, ref_pred = reference_of(net, n, variant.target)
+                    reports, preds = [], None
+                    for i in range(repeat):
+                        r = run(wl, variant, stage=label, warmup=i == 0, quiet=True)
+                        reports.append(r.report)
+                        preds = r.predictions
+                    rep = _median_report(reports)
+                    ledger.record(rep, command=command)
+                    ref_acc = None if wl.labels is None else reference.accuracy(ref_pred, wl.labels)
+                    row.update(_row_numbers(rep, wl.net), accuracy=rep.accuracy, reference_accuracy=ref_acc,
+                               predictions_equal=bool(np.array_equal(preds, ref_pred)),
+                               simulated=rep.simulated, workload=wl.note)
+                except Exception as exc:  # noqa: BLE001 - one broken variant must not stop the ladder
+                    row["error"] = f"{type(exc).__name__}: {exc}"
+                    row["traceback"] = traceback.format_exc(limit=4)
+            rows.append(row)
+            bar.update()
+    if baselines:
+        for net in nets or ["cifar10"]:
+            for n in images:
+                rows += _baselines(net, n, reference_of, ledger, command, repeat)
+                bar.update()
+    bar.close()
+    _write(out, rows, command)
+    return rows
+
+
+def _row_numbers(rep: timing.RunReport, net) -> dict:
+    kinds = rep.by_kind(net)
+    return {"total_s": rep.total, "conv_s": kinds.get("conv", 0.0), "layer_seconds": rep.layer_seconds,
+            "device": rep.device, "method": rep.method}
+
+
+def _baselines(net: str, n: int, reference_of, ledger, command, repeat) -> list[dict]:
+    """numpy reference on the CPU, and cuDNN through PyTorch where it is installed with a GPU."""
+    rows = []
+    wl, ref_pred = reference_of(net, n, "cpu")
+    r = run(wl, stage="numpy reference (CPU)", warmup=False, quiet=True)
+    ledger.record(r.report, command=command)
+    rows.append({"stage": "numpy reference (CPU)", "variant": "reference", "net": net, "images": n, "checks": "-",
+                 **_row_numbers(r.report, wl.net), "accuracy": r.report.accuracy, "predictions_equal": True,
+                 "simulated": False, "workload": wl.note})
+    if cudnn.available():
+        rep, preds = cudnn.time_forward(wl, repeat=max(repeat, 5))
+        ledger.record(rep, command=command)
+        rows.append({"stage": rep.stage, "variant": "cudnn", "net": net, "images": n, "checks": "-",
+                     **_row_numbers(rep, wl.net), "accuracy": rep.accuracy,
+                     "predictions_equal": bool(np.array_equal(preds, ref_pred)), "simulated": False,
+                     "workload": wl.note})
+    return rows
+
+
+def _write(out: Path, rows: list[dict], command: str) -> None:
+    meta = {"device": device.label(), "simulated": device.info().simulated, "date": dt.datetime.now(
+        dt.timezone.utc).isoformat(timespec="seconds"), "command": command, "python": platform.python_version()}
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    fields = ["stage", "net", "images", "checks", "total_s", "conv_s", "accuracy", "reference_accuracy",
+              "predictions_equal", "simulated", "skipped", "error"]
+    with open(out / "bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    (out / "summary.md").write_text(f"# Bench: {meta['device']}\n\n{meta['date']}, `{command}`\n\n```\n"
+                                    f"{table(rows)}\n```\n")
+    try:
+        from . import plots
+
+        for net, n in sorted({(r["net"], r["images"]) for r in rows if "total_s" in r}):
+            reports = ledger_reports(out / "ledger.jsonl", net, n)
+            if reports:
+                plots.save(plots.stage_ladder(reports, net, images=n), out / f"ladder_{net}_{n}.png")
+    except Exception as exc:  # noqa: BLE001 - a plot must not lose the numbers
+        print(f"(plot skipped: {type(exc).__name__}: {exc})")
+
+
+def ledger_reports(path: Path, net: str, n: int) -> list[timing.RunReport]:
+    return timing.Ledger(path).reports(net=net, images=n)
+
+
+def table(rows: list[dict]) -> str:
+    """Stage ladder as text: one line per run, speedup over the first timed run of the same net and size."""
+    lines = [f"{'stage':<34} {'net':<8} {'images':>6} {'check':<5} {'total s':>10} {'conv s':>10} "
+             f"{'speedup':>8} {'accuracy':>8} {'=ref':>4}"]
+    first: dict = {}
+    for r in rows:
+        key = (r["net"], r["images"])
+        if "total_s" not in r:
+            why = r.get("skipped") or r.get("error", "")
+            lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} {why}")
+            continue
+        first.setdefault(key, r["total_s"])
+        acc = "n/a" if r.get("accuracy") is None else f"{100 * r['accuracy']:.2f}"
+        lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} "
+                     f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {first[key] / r['total_s']:>7.1f}x "
+                     f"{acc:>8} {'yes' if r.get('predictions_equal') else 'NO':>4}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""The bar to beat: the same forward pass through PyTorch (cuDNN, fp32, TF32 off), timed layer by layer.
+
+Only where PyTorch is installed with a usable GPU; labkit never needs it otherwise.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+import numpy as np
+
+from . import device, reference, timing
+from .workloads import Workload
+
+
+def available() -> bool:
+    if device.info().simulated or device.info().kind != "gpu":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _layer_fn(layer, weights):
+    import torch
+    import torch.nn.functional as F
+
+    if layer.kind == "conv":
+        w = weights[f"{layer.name}.weight"]
+        b = weights.get(f"{layer.name}.bias")
+        return lambda x: F.conv2d(x, w, b, stride=layer.stride, padding=layer.pad)
+    if layer.kind == "fc":
+        w, b = weights[f"{layer.name}.weight"], weights.get(f"{layer.name}.bias")
+        return lambda x: F.linear(x, w, b)
+    if layer.kind == "pool":
+        return lambda x: F.max_pool2d(x, layer.kernel, layer.stride)
+    return {"relu": torch.relu, "tanh": torch.tanh, "flatten": lambda x: x.reshape(x.shape[0], -1),
+            "softmax": lambda x: torch.softmax(x, dim=1)}[layer.kind]
+
+
+def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3) -> tuple[timing.RunReport, np.ndarray]:
+    """Per-layer median times (CUDA events) of the whole batch on the GPU, and the predictions."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    weights = {k: torch.from_numpy(v).to(dev) for k, v in wl.weights.items()}
+    fns = [(layer.name, _layer_fn(layer, weights)) for layer in wl.net.layers]
+    x0 = torch.from_numpy(wl.x).to(dev)
+    times: dict[str, list[float]] = {name: [] for name, _ in fns}
+    with torch.inference_mode():
+        for i in range(warmup + repeat):
+            y = x0
+            for name, fn in fns:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                y = fn(y)
+                end.record()
+                end.synchronize()
+                if i >= warmup:
+                    times[name].append(start.elapsed_time(end) / 1e3)
+        probs = y.cpu().numpy()
+    times.pop("flatten", None)
+    preds = reference.predict(probs)
+    acc = None if wl.labels is None else reference.accuracy(preds, wl.labels)
+    report = timing.RunReport(net=wl.net.name, images=wl.images,
+                              layer_seconds={k: median(v) for k, v in times.items()}, accuracy=acc,
+                              device=device.label(), simulated=False, synthetic=wl.synthetic,
+                              stage=f"cuDNN (PyTorch {torch.__version__})", method="cuda-events")
+    return report, preds
