@@ -1,0 +1,168 @@
+"""The self-checks must pass correct code and catch each kind of wrong code with a useful line."""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import labkit as lk
+from labkit import check
+
+
+def good_conv(x, w, b, out, pad, stride):
+    out[...] = lk.conv2d(x, w, b, pad, stride, accumulate="float64")
+
+
+def good_relu(x, out):
+    out[...] = np.maximum(x, 0)
+
+
+@cuda.jit
+def _relu_kernel(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out.reshape(x.size)[i] = max(x.reshape(x.size)[i], 0.0)
+
+
+def gpu_relu(x, out):  # device arrays in, device arrays out
+    n = x.size
+    _relu_kernel[(n + 63) // 64, 64](x, out)
+
+
+@pytest.mark.parametrize("net,layer", [("cifar10", "conv1"), ("cifar10", "conv3"), ("fashion", "conv2")])
+def test_correct_conv_passes_on_every_batch_size(net, layer):
+    r = check.check_layer(good_conv, net, layer, quiet=True)
+    assert r.passed and r.error < 1e-6 and r.batches == check.default_batches()
+    assert str(r).startswith(f"{layer}: PASS (rel. error")
+
+
+def test_cpu_target_checks_the_real_sizes():
+    seen = []
+
+    def spy(x, w, b, out, pad, stride):
+        seen.append((x.shape, w.shape))
+        good_conv(x, w, b, out, pad, stride)
+
+    assert check.check_layer(spy, "cifar10", "conv2", target="cpu", batches=(3,), quiet=True)
+    assert seen == [((3, 16, 16, 16), (20, 16, 5, 5))]
+
+
+def test_gpu_target_is_shrunk_under_the_simulator_with_distinct_channel_counts():
+    seen = []
+
+    def spy(x, w, b, out, pad, stride):
+        seen.append((x.shape, w.shape))
+        good_conv(x, w, b, out, pad, stride)
+
+    check.check_layer(spy, "cifar10", "conv2", quiet=True)
+    (xs, ws), *_ = seen
+    assert xs[1] == ws[1] and ws[0] != ws[1], "M must differ from C so swapped indices fail"
+    assert xs[2] != xs[3], "non-square images catch swapped row/column indices"
+
+
+def test_inputs_are_fresh_on_every_call():
+    firsts = []
+
+    def spy(x, out):
+        firsts.append(float(x.flat[0]))
+        good_relu(x, out)
+
+    check.check_layer(spy, "cifar10", "relu1", quiet=True)
+    check.check_layer(spy, "cifar10", "relu1", quiet=True)
+    assert len(set(firsts)) == len(firsts)
+
+
+def test_a_seed_reproduces_a_case():
+    a, b = [], []
+    check.check_layer(lambda x, out: (a.append(x.copy()), good_relu(x, out)), "cifar10", "relu1", seed=7, quiet=True)
+    check.check_layer(lambda x, out: (b.append(x.copy()), good_relu(x, out)), "cifar10", "relu1", seed=7, quiet=True)
+    assert all(np.array_equal(p, q) for p, q in zip(a, b))
+
+
+def test_unwritten_elements_are_caught_and_located():
+    def lazy(x, w, b, out, pad, stride):
+        good_conv(x, w, b, out, pad, stride)
+        out[:, -1, -1, -1] = np.nan  # the last element of every image never written
+
+    r = check.check_layer(lazy, "cifar10", "conv1", quiet=True)
+    assert not r.passed and "unwritten (still NaN)" in r.detail
+    assert "out[0, " in r.detail and "[seed " in str(r)
+
+
+def test_off_by_one_halo_is_caught_with_the_first_wrong_element():
+    def shifted(x, w, b, out, pad, stride):
+        out[...] = lk.conv2d(np.roll(x, 1, axis=3), w, b, pad, stride)
+
+    r = check.check_layer(shifted, "cifar10", "conv1", quiet=True)
+    assert not r.passed and r.error > 1e-2
+    assert "first wrong element" in r.detail and "expected" in r.detail
+
+
+def test_swapped_channel_indices_are_caught():
+    def swapped(x, w, b, out, pad, stride):
+        m, c = w.shape[:2]
+        wt = np.ascontiguousarray(w.reshape(-1)[: m * c * 25].reshape(c, m, 5, 5).transpose(1, 0, 2, 3))
+        out[...] = lk.conv2d(x, wt, b, pad, stride)
+
+    assert not check.check_layer(swapped, "cifar10", "conv2", quiet=True).passed
+
+
+def test_a_raising_function_gives_one_line_naming_the_error():
+    def broken(x, out):
+        raise IndexError("index 9 is out of bounds for axis 2 with size 9")
+
+    r = check.check_layer(broken, "cifar10", "relu1", quiet=True)
+    assert not r.passed and "relu1 raised IndexError: index 9 is out of bounds" in str(r)
+    assert "\n" not in str(r)
+
+
+def test_a_todo_stub_says_not_implemented():
+    def todo(x, out):
+        raise NotImplementedError("replace this line with your code")
+
+    assert "not implemented yet" in str(check.check_layer(todo, "cifar10", "relu1", quiet=True))
+
+
+def test_wrong_layout_and_dtype_get_clear_messages():
+    expected = np.zeros((2, 16, 8, 6), np.float32)
+    r = check.compare("conv1", np.zeros((2, 8, 6, 16), np.float32), expected)
+    assert not r.passed and "NHWC" in r.detail and "NCHW" in r.detail
+    r = check.compare("conv1", np.zeros((2, 16, 8, 6), np.float64), expected)
+    assert not r.passed and "float64" in r.detail and "float32" in r.detail
+    r = check.compare("conv1", [1, 2], expected)
+    assert not r.passed and "list" in r.detail
+
+
+def test_device_arrays_path_with_a_real_numba_kernel():
+    r = check.check_layer(gpu_relu, "cifar10", "relu2", arrays="device", quiet=True)
+    assert r.passed, str(r)
+
+
+def test_host_kernel_that_forgets_to_copy_back_fails():
+    def forgot(x, out):
+        d_out = cuda.device_array_like(out)
+        _relu_kernel[(x.size + 63) // 64, 64](cuda.to_device(x), d_out)  # result never copied into out
+
+    r = check.check_layer(forgot, "cifar10", "relu1", quiet=True)
+    assert not r.passed and "unwritten" in r.detail
+
+
+def test_check_network_on_the_shrunk_net():
+    def net_fn(x, weights, out):
+        out[...] = lk.forward(check.check_net("cifar10"), weights, x)
+
+    r = check.check_network(net_fn, "cifar10", quiet=True)
+    assert r.passed, str(r)
+
+    def wrong(x, weights, out):
+        out[...] = 1.0 / out.shape[1]
+
+    assert not check.check_network(wrong, "cifar10", quiet=True).passed
+
+
+def test_not_callable_and_flatten_are_refused():
+    with pytest.raises(TypeError, match="conv1"):
+        check.check_layer(None, "cifar10", "conv1")
+    with pytest.raises(ValueError, match="flatten is a reshape"):
+        check.check_layer(lambda x, out: None, "cifar10", "flatten")
+    with pytest.raises(KeyError, match="conv9"):
+        check.check_layer(good_relu, "cifar10", "conv9")
