@@ -32,6 +32,7 @@ class Limits:
 
     per_image: int = 1200  # per-image launches: images x layers launches
     cpu: int = 1200  # CPU variants (numba)
+    cpu_repeat: int = 1  # CPU variants take seconds per run: fewer timed runs
 
 
 def _median_report(reports: list[timing.RunReport]) -> timing.RunReport:
@@ -99,7 +100,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                 try:
                     wl, ref_pred = reference_of(net, n, variant.target)
                     reports, preds = [], None
-                    for i in range(repeat):
+                    for i in range(limits.cpu_repeat if variant.target == "cpu" else repeat):
                         r = run(wl, variant, stage=label, warmup=i == 0, quiet=True)
                         reports.append(r.report)
                         preds = r.predictions

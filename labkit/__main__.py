@@ -1,0 +1,5 @@
+"""``python -m labkit``: the same as the ``labkit`` command."""
+
+from .cli import main
+
+main()
