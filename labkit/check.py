@@ -44,7 +44,7 @@ SIGNATURES = {
 # float32 kernels land far below this against a float64 reference (conv sums of a few hundred terms: ~1e-7);
 # a wrong index or a missed term lands far above it.
 DEFAULT_TOL = 1e-5
-FULL_BATCHES = (1, 3, 8, 17)
+FULL_BATCHES = (1, 3, 8, 17)  # odd sizes catch kernels that assume a multiple of the block size
 SIM_BATCHES = (1, 3)
 SIM_MAX_CHANNELS = 4
 SIM_FEATURES = 37

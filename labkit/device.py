@@ -17,16 +17,6 @@ import platform
 import sys
 from dataclasses import dataclass, field
 
-#: Most images a workload uses when kernels are simulated (override with ``LABKIT_SIM_IMAGES``).
-SIM_MAX_IMAGES = 4
-#: Conv multiply-adds one simulated workload may cost; bigger nets get fewer images (at least 1).
-SIM_MAC_BUDGET = 16_000_000
-#: Largest activation height/width the self-checks use under the simulator (odd, non-square on purpose).
-SIM_SPATIAL = (9, 7)
-#: Batch sizes for self-checks: odd ones catch kernels that assume a multiple of the block size.
-GPU_CHECK_BATCHES = (1, 3, 16, 33)
-SIM_CHECK_BATCHES = (1, 3)
-
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -341,68 +331,6 @@ def requires_gpu(what: str) -> bool:
         return True
     print(f"SKIPPED (needs a real GPU): {what}")
     return False
-
-
-# --------------------------------------------------------------------------------------------- problem sizes
-
-
-def _conv_macs_per_image(net) -> int:
-    from .nets import get_net
-
-    net = get_net(net)
-    macs = 0
-    shapes = net.shapes()
-    for layer in net.layers:
-        if layer.kind == "conv":
-            c = net.input_shape_of(layer.name)[0]
-            m, ho, wo = shapes[layer.name]
-            macs += m * ho * wo * c * layer.kernel * layer.kernel
-    return macs
-
-
-def problem_size(net, wanted: int, kernels: bool = True) -> int:
-    """Images to use for a workload.
-
-    Rule: on a real GPU, or for CPU-only work (``kernels=False``: numpy, numba ``njit``), ``wanted``.
-    Otherwise (simulator, or no CUDA) simulated kernels cost ~0.1 ms per thread, so the count is
-    ``min(wanted, 4, SIM_MAC_BUDGET // conv multiply-adds per image)``, at least 1: 4 images of ``cifar10``,
-    2 of ``fashion``. ``LABKIT_SIM_IMAGES=n`` overrides the cap.
-    """
-    wanted = int(wanted)
-    if wanted < 1:
-        raise ValueError(f"problem_size: wanted must be at least 1 image, got {wanted}")
-    if not kernels or info().kind == "gpu":
-        return wanted
-    env = os.environ.get("LABKIT_SIM_IMAGES")
-    if env:
-        try:
-            return max(1, min(wanted, int(env)))
-        except ValueError:
-            raise ValueError(f"LABKIT_SIM_IMAGES must be a whole number, not {env!r}") from None
-    cap = SIM_MAX_IMAGES
-    if net is not None:
-        macs = _conv_macs_per_image(net)
-        if macs:
-            cap = min(cap, SIM_MAC_BUDGET // macs)
-    return max(1, min(wanted, cap))
-
-
-def check_batches() -> tuple[int, ...]:
-    """Batch sizes the self-checks run, odd ones included; fewer and smaller when kernels are simulated."""
-    return GPU_CHECK_BATCHES if info().kind == "gpu" else SIM_CHECK_BATCHES
-
-
-def check_spatial(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Shrink the trailing H, W of an activation shape ((C, H, W) or (N, C, H, W)) under the simulator.
-
-    Sizes become at most 9 x 7, odd and non-square, so row/column mix-ups and edge handling still show;
-    channels (and batch) are kept. Shapes with fewer than 3 axes (fc inputs) and real-GPU runs are unchanged.
-    """
-    shape = tuple(int(s) for s in shape)
-    if info().kind == "gpu" or len(shape) < 3:
-        return shape
-    h, w = shape[-2:]
-    return (*shape[:-2], min(h, SIM_SPATIAL[0]), min(w, SIM_SPATIAL[1]))
 
 
 def use_simulator_if_no_gpu() -> bool:

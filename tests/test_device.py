@@ -5,7 +5,6 @@ import os
 import pytest
 
 from labkit import device
-from labkit.nets import CIFAR10, FASHION
 
 pytestmark = pytest.mark.skipif(os.environ.get("LABKIT_TEST_GPU") == "1", reason="simulator-only expectations")
 
@@ -41,47 +40,6 @@ def test_describe_explains_findings():
 def test_label_is_stable():
     assert device.label() == "CUDA simulator (CPU)"
     assert device.label() == device.label(device.info())
-
-
-def test_problem_size_shrinks_but_stays_sane(monkeypatch):
-    monkeypatch.delenv("LABKIT_SIM_IMAGES", raising=False)
-    for net in (CIFAR10, FASHION, "cifar10", None):
-        for wanted in (1, 3, 100, 1200, 50000):
-            n = device.problem_size(net, wanted)
-            assert 1 <= n <= min(wanted, device.SIM_MAX_IMAGES)
-    assert device.problem_size("cifar10", 1200) == 4
-    assert device.problem_size("fashion", 10000) < device.problem_size("cifar10", 1200)  # costlier convs
-    assert device.problem_size("fashion", 1) == 1
-    assert device.problem_size("cifar10", 1200, kernels=False) == 1200  # CPU-only work runs in full
-    monkeypatch.setenv("LABKIT_SIM_IMAGES", "7")
-    assert device.problem_size("cifar10", 1200) == 7
-    assert device.problem_size("cifar10", 5) == 5
-    with pytest.raises(ValueError):
-        device.problem_size("cifar10", 0)
-
-
-def test_check_batches_small_with_an_odd_one():
-    batches = device.check_batches()
-    assert 1 in batches and any(b % 2 == 1 and b > 1 for b in batches)
-    assert max(batches) <= 4
-
-
-@pytest.mark.parametrize("shape,expected", [
-    ((16, 32, 32), (16, 9, 7)),
-    ((5, 3, 70, 70), (5, 3, 9, 7)),
-    ((20, 8, 8), (20, 8, 7)),
-    ((12, 4, 4), (12, 4, 4)),
-    ((320,), (320,)),
-])
-def test_check_spatial(shape, expected):
-    out = device.check_spatial(shape)
-    assert out == expected
-    assert len(out) == len(shape) and out[:-2] == shape[:-2] or len(shape) < 3
-
-
-def test_check_spatial_is_odd_and_not_square_for_large_maps():
-    c, h, w = device.check_spatial((3, 70, 70))
-    assert c == 3 and h % 2 == 1 and w % 2 == 1 and h != w
 
 
 def test_requires_gpu_prints_one_line(capsys):
