@@ -44,7 +44,7 @@ def _to_host(a) -> np.ndarray:
 
 def _forward_once(wl: Workload, x, weights, impls, arrays: str, seconds: dict[str, float] | None):
     """One pass over the layers on the batch ``x``; adds each layer's time into ``seconds`` if given."""
-    alloc = np.empty if arrays == "host" else _device_empty
+    alloc = _host_empty if arrays == "host" else _device_empty
     y = x
     for layer in wl.net.layers:
         fn = _impl_for(layer, impls)
@@ -60,6 +60,10 @@ def _forward_once(wl: Workload, x, weights, impls, arrays: str, seconds: dict[st
         if seconds is not None:
             seconds[layer.name] = seconds.get(layer.name, 0.0) + t.seconds
     return y
+
+
+def _host_empty(shape):
+    return np.empty(shape, np.float32)
 
 
 def _device_empty(shape):

@@ -13,7 +13,7 @@ if os.environ.get("LABKIT_TEST_GPU") != "1":
     if "numba.core.config" in sys.modules:  # a plugin imported numba first: make it read the variable again
         sys.modules["numba.core.config"].reload_config()
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent
 SHARED_DATA = REPO.parent / "shared" / "datasets"
 if not os.environ.get("LABKIT_DATA") and SHARED_DATA.is_dir():
     os.environ["LABKIT_DATA"] = str(SHARED_DATA)
