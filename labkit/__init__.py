@@ -3,6 +3,14 @@
 A notebook imports one thing: ``import labkit as lk``. Names are grouped by the module that owns them.
 """
 
+import warnings
+
+from numba.core.errors import NumbaPerformanceWarning
+
+# Low-occupancy warnings fire on every small launch (one image, a tiny simulated grid) and bury the
+# self-check lines; occupancy is taught with measurements instead.
+warnings.simplefilter("ignore", NumbaPerformanceWarning)
+
 from . import check, data, device, nbcells, nets, plots, profile, reference, timing
 from .check import CheckResult, check_layer, check_layers, check_network
 from .data import load_cifar10, load_fashion, load_inputs, to_input

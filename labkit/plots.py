@@ -117,7 +117,7 @@ def stage_ladder(records_or_reports: Iterable, net, images: int | None = None, l
                         ha="center", va="bottom", fontsize=8)
     if log and (totals > 0).all():
         ax.set_yscale("log")
-    ax.set_xticks(x, stages, rotation=30 if len(stages) > 4 else 0, ha="right" if len(stages) > 4 else "center")
+    ax.set_xticks(x, stages, rotation=30 if len(stages) > 2 else 0, ha="right" if len(stages) > 2 else "center")
     ax.set_ylabel("seconds")
     ax.set_title(f"{net}, {images} images on {device}")
     ax.legend()

@@ -114,7 +114,7 @@ def run(wl: Workload, impls=None, *, arrays: str | None = None, per_image: bool 
     seconds.pop("flatten", None)
     predictions = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
-    report = timing.RunReport(net=wl.net.name, images=wl.images, layer_seconds=seconds, accuracy=acc,
+    report = timing.RunReport(net=wl.net.name.removesuffix("-mini"), images=wl.images, layer_seconds=seconds, accuracy=acc,
                               device=label(), simulated=wl.simulated, synthetic=wl.synthetic, stage=stage,
                               method=timing.resolve_method("auto"))
     result = NetRun(report, probs, predictions)

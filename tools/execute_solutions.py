@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_environment() -> dict[str, str]:
-    env = {"NUMBA_ENABLE_CUDASIM": "1", "LABKIT_QUICK": "1", "MPLBACKEND": "Agg"}
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "LABKIT_QUICK": "1"}
     shared = REPO.parent / "shared" / "datasets"
     if not os.environ.get("LABKIT_DATA") and shared.is_dir():
         env["LABKIT_DATA"] = str(shared)
