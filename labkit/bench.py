@@ -64,7 +64,10 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             variants = stages.load_variants(path)
         except NotebookError as exc:
             if "no VARIANTS" not in str(exc):
-                raise
+                print(f"{path.name}: not benched: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken notebook must not stop the ladder
+            print(f"{path.name}: not benched: its kernel cells raised {type(exc).__name__}: {exc}")
             continue
         for name, variant in variants.items():
             for net in variant.nets:
@@ -173,8 +176,41 @@ def _write(out: Path, rows: list[dict], command: str) -> None:
         print(f"(plot skipped: {type(exc).__name__}: {exc})")
 
 
+def rows_from_ledgers(paths: list[Path]) -> list[dict]:
+    """Ladder rows (one per recorded run) from ledger files, e.g. several bench calls on one device."""
+    rows = []
+    for path in paths:
+        for rep in timing.Ledger(path).reports():
+            rows.append({"stage": rep.stage or "?", "net": rep.net, "images": rep.images, "checks": "PASS"
+                         if rep.stage and rep.stage[:2].isdigit() else "-", **_row_numbers(rep, rep.net),
+                         "accuracy": rep.accuracy, "simulated": rep.simulated, "source": str(path)})
+    return rows
+
+
+def summarize(paths: list[Path], out: Path, command: str) -> list[dict]:
+    """Table, CSV and plots of the runs recorded in ``paths`` (one device), written under ``out``."""
+    from . import plots
+
+    rows = sorted(rows_from_ledgers(paths), key=lambda r: (r["net"], r["images"]))
+    out.mkdir(parents=True, exist_ok=True)
+    reports = [rep for path in paths for rep in timing.Ledger(path).reports()]
+    devices = sorted({r["device"] for r in rows})
+    text = table(rows)
+    (out / "summary.md").write_text(f"# Speed ladder on {', '.join(devices)}\n\nMade by `{command}` from "
+                                    f"{', '.join(str(p) for p in paths)}.\nSpeedups are over the first row of "
+                                    f"the same net and image count. Accuracy equal to the numpy reference's "
+                                    f"row means the same predictions count.\n\n```\n{text}\n```\n")
+    for net, n in sorted({(r["net"], r["images"]) for r in rows}):
+        plots.save(plots.stage_ladder(reports, net, images=n), out / f"ladder_{net}_{n}.png")
+    return rows
+
+
 def ledger_reports(path: Path, net: str, n: int) -> list[timing.RunReport]:
     return timing.Ledger(path).reports(net=net, images=n)
+
+
+def _yes_no(value) -> str:
+    return "-" if value is None else "yes" if value else "NO"
 
 
 def table(rows: list[dict]) -> str:
@@ -192,5 +228,5 @@ def table(rows: list[dict]) -> str:
         acc = "n/a" if r.get("accuracy") is None else f"{100 * r['accuracy']:.2f}"
         lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} "
                      f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {first[key] / r['total_s']:>7.1f}x "
-                     f"{acc:>8} {'yes' if r.get('predictions_equal') else 'NO':>4}")
+                     f"{acc:>8} {_yes_no(r.get('predictions_equal')):>4}")
     return "\n".join(lines)

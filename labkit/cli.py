@@ -147,5 +147,51 @@ def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, 
     click.echo(bench_mod.table(rows))
 
 
+@main.command()
+@click.argument("submissions", type=click.Path(exists=True, path_type=Path))
+@click.option("--stages", default=None,
+              help="Stage numbers, comma-separated, e.g. 01,04 (default: every stage whose solution has VARIANTS; "
+                   "for a single notebook, its own stage).")
+@click.option("--rubric", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A rubric TOML read on top of the shipped labkit/rubric.toml.")
+@click.option("--solutions", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder of reference solution notebooks (default: solutions/ of this checkout).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("grades"), show_default=True,
+              help="Folder for grades.csv and grades.json.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Submissions graded at the same time (one process each). Keep 1 when timing matters.")
+@click.option("--seed", type=int, default=None, help="Seed of the random test inputs (default: fresh; recorded).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def grade(submissions, stages, rubric, solutions, out, jobs, seed, no_progress):
+    """Grade student notebooks: correctness, accuracy and op time per stage, into a CSV and a JSON report.
+
+    SUBMISSIONS is a folder with one sub-folder per student (each holding notebooks/ or the .ipynb files),
+    or a single notebook. Student code runs only in child processes, with time and memory limits.
+    """
+    from . import grade as grade_mod
+
+    if rubric is not None and not rubric.is_file():
+        raise click.BadParameter(f"no rubric file at {rubric}", param_hint="--rubric")
+    try:
+        report = grade_mod.grade(submissions, _csv_list(stages), rubric, solutions, out, jobs, seed,
+                                 progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]))
+    except grade_mod.GradeError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(grade_mod.summary_table(report))
+    click.echo(f"\nwrote {out / 'grades.csv'} and {out / 'grades.json'}")
+
+
+@main.command()
+@click.argument("ledgers", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder for summary.md and the ladder plots.")
+def ladder(ledgers, out):
+    """Summarize recorded runs (ledger files of `labkit bench`) as a table and ladder plots."""
+    from . import bench as bench_mod
+
+    rows = bench_mod.summarize(list(ledgers), out, " ".join(["labkit", *sys.argv[1:]]))
+    click.echo(bench_mod.table(rows))
+
+
 if __name__ == "__main__":
     main()
