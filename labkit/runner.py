@@ -42,13 +42,14 @@ def _to_host(a) -> np.ndarray:
     return a.get()
 
 
-def _forward_once(wl: Workload, x, weights, impls, arrays: str, seconds: dict[str, float] | None):
+def _forward_once(wl: Workload, x, weights, impls, arrays: str, seconds: dict[str, float] | None,
+                  method: str = "auto"):
     """One pass over the layers on the batch ``x``; adds each layer's time into ``seconds`` if given."""
     alloc = _host_empty if arrays == "host" else _device_empty
     y = x
     for layer in wl.net.layers:
         fn = _impl_for(layer, impls)
-        with timing.Timer() as t:
+        with timing.Timer(method) as t:
             if layer.kind == "flatten":
                 y = y.reshape(y.shape[0], -1)
             elif fn is None:
@@ -84,12 +85,16 @@ def run(wl: Workload, impls=None, *, arrays: str | None = None, per_image: bool 
     """
     from .stages import Variant
 
+    method = "auto"
     if isinstance(impls, Variant):
+        method = "perf_counter" if impls.target == "cpu" else "auto"  # CPU code: wall time, not GPU events
         arrays = impls.arrays if arrays is None else arrays
         per_image = impls.per_image if per_image is None else per_image
         impls = impls.impls
     arrays = arrays or "host"
     impls = dict(impls or {})
+    if not impls:
+        method = "perf_counter"  # the numpy reference runs on the CPU
     if arrays not in ("host", "device"):
         raise ValueError(f"arrays must be 'host' or 'device', not {arrays!r}")
     if arrays == "device":
@@ -104,19 +109,19 @@ def run(wl: Workload, impls=None, *, arrays: str | None = None, per_image: bool 
     else:
         weights, x = wl.weights, wl.x
     if warmup:  # compile and load every kernel outside the timed pass
-        _forward_once(wl, x[:1], weights, impls, arrays, None)
+        _forward_once(wl, x[:1], weights, impls, arrays, None, method)
     seconds: dict[str, float] = {}
     if per_image:
-        parts = [_forward_once(wl, x[i:i + 1], weights, impls, arrays, seconds) for i in range(len(wl.x))]
+        parts = [_forward_once(wl, x[i:i + 1], weights, impls, arrays, seconds, method) for i in range(len(wl.x))]
         probs = np.concatenate([_to_host(p) for p in parts])
     else:
-        probs = _to_host(_forward_once(wl, x, weights, impls, arrays, seconds))
+        probs = _to_host(_forward_once(wl, x, weights, impls, arrays, seconds, method))
     seconds.pop("flatten", None)
     predictions = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
     report = timing.RunReport(net=wl.net.name.removesuffix("-mini"), images=wl.images, layer_seconds=seconds, accuracy=acc,
                               device=label(), simulated=wl.simulated, synthetic=wl.synthetic, stage=stage,
-                              method=timing.resolve_method("auto"))
+                              method=timing.resolve_method(method))
     result = NetRun(report, probs, predictions)
     if ledger is not None:
         ledger.record(report, command=command)
