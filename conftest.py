@@ -18,6 +18,12 @@ SHARED_DATA = REPO.parent / "shared" / "datasets"
 if not os.environ.get("LABKIT_DATA") and SHARED_DATA.is_dir():
     os.environ["LABKIT_DATA"] = str(SHARED_DATA)
 
+# Tests and the notebooks nbval runs record timings in a ledger of their own, never in results/ledger.jsonl.
+if not os.environ.get("LABKIT_RESULTS"):
+    import tempfile
+
+    os.environ["LABKIT_RESULTS"] = str(Path(tempfile.mkdtemp(prefix="labkit-test-results-")) / "ledger.jsonl")
+
 DATA_ROOT = Path(os.environ["LABKIT_DATA"]) if os.environ.get("LABKIT_DATA") else None
 
 

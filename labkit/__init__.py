@@ -3,7 +3,12 @@
 A notebook imports one thing: ``import labkit as lk``. Names are grouped by the module that owns them.
 """
 
+import os
 import warnings
+
+# numba's OpenMP threads otherwise spin-wait between parallel regions, which starves every other process on a
+# shared laptop or CI core (a prange stage then looks many times slower than it is). Set before numba loads it.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from numba.core.errors import NumbaPerformanceWarning
 

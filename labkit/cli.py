@@ -132,8 +132,10 @@ def _csv_list(value: str | None) -> list[str] | None:
               help="Largest image count for per-image variants.")
 @click.option("--cpu-max", type=click.IntRange(min=1), default=1200, show_default=True,
               help="Largest image count for CPU variants.")
+@click.option("--skip", default=None, help="Variant names to leave out, comma-separated (shell patterns, e.g. "
+              "'cpu_prange_reduction' or '02 cpu_*'); they are listed as skipped.")
 @click.option("--no-baselines", is_flag=True, help="Skip the numpy reference and cuDNN rows.")
-def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, no_baselines):
+def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, skip, no_baselines):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
     from . import bench as bench_mod
     from .stages import SOLUTIONS
@@ -143,7 +145,8 @@ def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, 
     except ValueError:
         raise click.BadParameter(f"--images takes whole numbers separated by commas, not {images!r}") from None
     rows = bench_mod.bench(_csv_list(stages), _csv_list(nets), counts, notebooks or SOLUTIONS, out, repeat,
-                           bench_mod.Limits(per_image_max, cpu_max), baselines=not no_baselines)
+                           bench_mod.Limits(per_image_max, cpu_max), baselines=not no_baselines,
+                           skip=_csv_list(skip))
     click.echo(bench_mod.table(rows))
 
 

@@ -99,10 +99,19 @@ def get_dataset(name: str) -> Dataset:
         raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}") from None
 
 
-def user_cache() -> Path:
-    import pooch
+def _pooch():
+    """pooch, imported quietly: it imports tqdm.auto, which warns in a notebook without ipywidgets (and then
+    falls back to the plain text bar, which is all we need)."""
+    import warnings
 
-    return Path(pooch.os_cache("labkit"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import pooch
+    return pooch
+
+
+def user_cache() -> Path:
+    return Path(_pooch().os_cache("labkit"))
 
 
 def search_roots() -> list[tuple[str, Path]]:
@@ -175,8 +184,7 @@ def fetch(name: str, root: str | Path | None = None, progress: bool = True,
     ``remotes`` overrides the registry's URLs (tests serve an archive from 127.0.0.1). A bad checksum raises
     DataError and leaves no partial files behind.
     """
-    import pooch
-
+    pooch = _pooch()
     ds = get_dataset(name)
     root = Path(root) if root is not None else default_download_root()
     folder = root / ds.folder

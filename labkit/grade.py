@@ -1024,7 +1024,7 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
 
     Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the grader's own problems.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
     from . import device
 

@@ -39,6 +39,16 @@ class Layer:
         return self.kind in ("conv", "fc")
 
 
+
+SCALED_SUFFIX = "-mini"
+
+
+def base_name(net) -> str:
+    """The name of the full-size network: results of a simulator-sized copy ("cifar10-mini") file under it."""
+    name = net if isinstance(net, str) else net.name
+    return name.removesuffix(SCALED_SUFFIX)
+
+
 @dataclass(frozen=True)
 class Net:
     """A network: its input shape (C, H, W), its layers, and how its report and data are chosen."""
@@ -98,7 +108,7 @@ class Net:
     def conv_layers(self) -> list[str]:
         return [layer.name for layer in self.layers if layer.kind == "conv"]
 
-    def scaled(self, input_hw: tuple[int, int], max_channels: int | None = None, suffix: str = "-mini") -> "Net":
+    def scaled(self, input_hw: tuple[int, int], max_channels: int | None = None, suffix: str = SCALED_SUFFIX) -> "Net":
         """A smaller copy of this net (same layer kinds, kernels, pads and strides) for the CUDA simulator:
         a smaller input and, optionally, at most ``max_channels`` maps per conv layer. fc input sizes follow."""
         layers = []

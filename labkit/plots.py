@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .nets import base_name
 from .timing import RunReport
 
 
@@ -102,7 +103,7 @@ def stage_ladder(records_or_reports: Iterable, net, images: int | None = None, l
                  device: str | None = None, ax=None):
     """The kit's speed ladder: per stage (sorted by name, newest run of each) a total bar and a conv bar,
     annotated with the speedup of the total over the first stage. Takes ledger lines or RunReports."""
-    net = net if isinstance(net, str) else net.name
+    net = base_name(net)
     rows, images, device = _ladder_rows(records_or_reports, net, images, device)
     stages = [r[0] for r in rows]
     totals = np.array([r[1] for r in rows])

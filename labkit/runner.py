@@ -14,7 +14,7 @@ import numpy as np
 from . import reference, timing
 from .check import call_layer
 from .device import label
-from .nets import Layer
+from .nets import Layer, base_name
 from .workloads import Workload
 
 
@@ -119,7 +119,7 @@ def run(wl: Workload, impls=None, *, arrays: str | None = None, per_image: bool 
     seconds.pop("flatten", None)
     predictions = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
-    report = timing.RunReport(net=wl.net.name.removesuffix("-mini"), images=wl.images, layer_seconds=seconds, accuracy=acc,
+    report = timing.RunReport(net=base_name(wl.net), images=wl.images, layer_seconds=seconds, accuracy=acc,
                               device=label(), simulated=wl.simulated, synthetic=wl.synthetic, stage=stage,
                               method=timing.resolve_method(method))
     result = NetRun(report, probs, predictions)

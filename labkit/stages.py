@@ -88,8 +88,10 @@ def load_variants(path: str | Path) -> dict[str, Variant]:
     return variants
 
 
-def check_variant(variant: Variant, net: str | Net, quiet: bool = False) -> list[CheckResult]:
-    """Check every function of a variant on the layers it computes (fresh inputs, several batch sizes)."""
+def check_variant(variant: Variant, net: str | Net, quiet: bool = False,
+                  batches: tuple[int, ...] | None = None) -> list[CheckResult]:
+    """Check every function of a variant on the layers it computes (fresh inputs, several batch sizes;
+    ``batches`` overrides the sizes ``check_layer`` picks)."""
     net = get_net(net)
     results = []
     for layer in net.layers:
@@ -97,5 +99,5 @@ def check_variant(variant: Variant, net: str | Net, quiet: bool = False) -> list
         if fn is None or layer.kind == "flatten":
             continue
         results.append(check_layer(fn, net, layer.name, target=variant.target, arrays=variant.arrays,
-                                   quiet=quiet))
+                                   quiet=quiet, batches=batches))
     return results

@@ -133,11 +133,9 @@ def measure(fn: Callable, *args, warmup: int = 1, repeat: int = 5, method: str =
 
 def _net(net):
     """The spec a report's layer names belong to; a simulator-sized copy ("cifar10-mini") shares them."""
-    from .nets import Net, get_net
+    from .nets import Net, base_name, get_net
 
-    if isinstance(net, str) and net.endswith("-mini"):
-        net = net.removesuffix("-mini")
-    return net if isinstance(net, Net) else get_net(net)
+    return net if isinstance(net, Net) else get_net(base_name(net))
 
 
 @dataclass
@@ -284,6 +282,19 @@ def _labkit_version() -> str:
         return __version__
 
 
+class Recorded(list):
+    """The ledger lines one ``record`` wrote; a notebook shows one line about them, not the whole list."""
+
+    def __init__(self, rows: list[dict], path: Path):
+        super().__init__(rows)
+        self.path = path
+
+    def __repr__(self) -> str:
+        first = self[0] if self else {}
+        return (f"recorded {first.get('stage') or 'run'} ({first.get('net')}, {first.get('images')} images): "
+                f"{len(self)} lines in {self.path}")
+
+
 class Ledger:
     """Append-only JSON lines, one per layer plus a ``total`` line per run: results come from RunReports,
     never typed in, and keep the device, date and command that produced them."""
@@ -291,7 +302,7 @@ class Ledger:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path is not None else default_ledger_path()
 
-    def record(self, report: RunReport, command: str | None = None) -> list[dict]:
+    def record(self, report: RunReport, command: str | None = None) -> Recorded:
         """Append ``report``; returns the lines written. Lines of one run share ``run`` and ``date``."""
         try:
             layers = report.layers()
@@ -309,7 +320,7 @@ class Ledger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write("".join(json.dumps(row) + "\n" for row in rows))  # one write: runs do not interleave
-        return rows
+        return Recorded(rows, self.path)
 
     def read(self, **filters) -> list[dict]:
         """Lines matching every filter: ``read(net="cifar10", layer="total", stage=["01_serial", "05_shared"])``

@@ -86,6 +86,12 @@ def test_unwritten_elements_are_caught_and_located():
     r = check.check_layer(lazy, "cifar10", "conv1", quiet=True)
     assert not r.passed and "unwritten (still NaN)" in r.detail
     assert "out[0, " in r.detail and "[seed " in str(r)
+    assert "TODO stub" not in r.detail
+
+
+def test_a_kernel_that_writes_nothing_is_told_it_may_still_be_the_stub():
+    r = check.check_layer(lambda x, out: None, "cifar10", "relu1", quiet=True)
+    assert not r.passed and "nothing was written" in r.detail and "TODO stub" in r.detail
 
 
 def test_off_by_one_halo_is_caught_with_the_first_wrong_element():
@@ -166,3 +172,16 @@ def test_not_callable_and_flatten_are_refused():
         check.check_layer(lambda x, out: None, "cifar10", "flatten")
     with pytest.raises(KeyError, match="conv9"):
         check.check_layer(good_relu, "cifar10", "conv9")
+
+
+def test_check_variant_checks_each_layer_it_computes_at_the_batches_asked():
+    seen = []
+
+    def spy(x, w, b, out, pad, stride):
+        seen.append(x.shape[0])
+        good_conv(x, w, b, out, pad, stride)
+
+    variant = lk.Variant({"conv": spy, "relu": good_relu}, target="cpu")
+    results = lk.check_variant(variant, "cifar10", quiet=True, batches=(1, 3))
+    assert [r.name for r in results] == ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3"]
+    assert all(r.passed for r in results) and seen == [1, 3] * 3

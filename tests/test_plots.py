@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from labkit import plots  # noqa: E402
+from labkit import nets, plots  # noqa: E402
 from labkit.timing import Ledger, RunReport  # noqa: E402
 
 CIFAR_LAYERS = ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "conv3", "relu3", "pool3", "flatten", "fc",
@@ -79,6 +79,9 @@ def test_stage_ladder_from_ledger_keeps_newest_run_per_stage(tmp_path):
     assert convs == pytest.approx([3.0, 0.03])
     with pytest.raises(ValueError, match="fashion"):
         plots.stage_ladder(ledger.read(), "fashion")
+    # a notebook on the simulator asks with its scaled net's name; results file under the full net's
+    mini = nets.CIFAR10.scaled((8, 8), max_channels=4)
+    assert len(bars(plots.stage_ladder(ledger.read(), mini).axes[0])) == 4
 
 
 def test_roofline_and_save(tmp_path):

@@ -195,6 +195,7 @@ def test_ledger_round_trip(tmp_path):
         assert key in first
     assert first["command"] == "labkit bench --stage 05" and first["date"].endswith("+00:00")
     assert rows[-1]["layer"] == "total" and rows[-1]["seconds"] == pytest.approx(cifar_report().total)
+    assert repr(rows) == f"recorded 05_shared (cifar10, 1200 images): 12 lines in {ledger.path}"
 
     totals = ledger.read(layer="total")
     assert [r["net"] for r in totals] == ["cifar10", "cifar10", "fashion"]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: real-GPU self-checks, then the speed ladder of stages 01-04.
+# One call on a lent GPU machine: real-GPU self-checks, the solution notebooks run at full size (NOTEBOOKS=02,03;
+# needs the carry made with --notebooks), then the speed ladder of stages 01-04 (SKIP_BENCH=1 leaves it out).
 # Run from the repo root there, with the carried folders .whl/ (numpy<2.5 and the pure-Python packages the
 # machine lacks) and .gpudata/ (data_batch_1 and the Fashion-MNIST test set). Results land in $OUT.
 # Prepare here:  python tools/prepare_device_carry.py   (downloads the wheels, copies the data subset)
@@ -17,4 +18,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   LABKIT_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_check.py tests/test_runner.py \
     tests/test_timing.py tests/test_profile.py 2>&1 | tail -5 | tee "$OUT/gpu_tests.txt"
 fi
-python3 -m labkit bench --stages "$STAGES" --images "$IMAGES" --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v '^bench:'
+if [ -n "${NOTEBOOKS:-}" ]; then
+  LABKIT_RESULTS="$OUT/notebooks/ledger.jsonl" python3 tools/execute_solutions.py --gpu --out "$OUT/notebooks" \
+    ${NOTEBOOKS//,/ } 2>&1 | grep -v "without encryption" | tee "$OUT/notebooks.log"
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  python3 -m labkit bench --stages "$STAGES" --images "$IMAGES" --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/bench.log" | grep -v '^bench:'
+fi
