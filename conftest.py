@@ -20,9 +20,13 @@ if not os.environ.get("LABKIT_DATA") and SHARED_DATA.is_dir():
 
 # Tests and the notebooks nbval runs record timings in a ledger of their own, never in results/ledger.jsonl.
 if not os.environ.get("LABKIT_RESULTS"):
+    import atexit
+    import shutil
     import tempfile
 
-    os.environ["LABKIT_RESULTS"] = str(Path(tempfile.mkdtemp(prefix="labkit-test-results-")) / "ledger.jsonl")
+    _results = tempfile.mkdtemp(prefix="labkit-test-results-")
+    atexit.register(shutil.rmtree, _results, ignore_errors=True)
+    os.environ["LABKIT_RESULTS"] = str(Path(_results) / "ledger.jsonl")
 
 DATA_ROOT = Path(os.environ["LABKIT_DATA"]) if os.environ.get("LABKIT_DATA") else None
 

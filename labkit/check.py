@@ -117,16 +117,28 @@ def _fmt_index(idx) -> str:
     return "[" + ", ".join(str(int(i)) for i in idx) + "]"
 
 
+def impl_for(impls: dict, layer: Layer) -> Callable | None:
+    """The function a stage gives for ``layer``: the one registered under its name, else under its kind."""
+    return impls.get(layer.name) or impls.get(layer.kind)
+
+
+def to_host(a) -> np.ndarray:
+    """A numpy array from a host array, a numba device array or a cupy array."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host()
+    return a.get()
+
+
 def compare(name: str, got, expected: np.ndarray, tol: float = DEFAULT_TOL, batch: int | None = None,
             out_name: str = "out") -> CheckResult:
     """Compare an output with the reference: layout, dtype, unwritten (NaN) elements, then the relative error
     ‖got − expected‖/‖expected‖; on failure, say where the first wrong element is."""
     where = f" at batch size {batch}" if batch is not None else ""
     if not isinstance(got, np.ndarray):
-        if hasattr(got, "copy_to_host"):
-            got = got.copy_to_host()
-        elif hasattr(got, "get"):
-            got = got.get()
+        if hasattr(got, "copy_to_host") or hasattr(got, "get"):
+            got = to_host(got)
         else:
             return CheckResult(name, False, detail=f"{out_name} is a {type(got).__name__}, expected a float32 array "
                                                    f"of shape {expected.shape}")

@@ -42,7 +42,9 @@ _np_savez = np.savez
 _np_concatenate = np.concatenate
 
 from . import nbcells  # noqa: E402
+from .check import impl_for as _impl  # noqa: E402
 from .check import layer_args as _layer_args  # noqa: E402
+from .check import to_host as _host  # noqa: E402
 from .nets import Layer, Net, get_net  # noqa: E402
 from .reference import layer_forward as _layer_forward  # noqa: E402
 
@@ -155,18 +157,6 @@ class Clock:
 
 
 # ---------------------------------------------------------------------------------------------- forward
-
-
-def _impl(impls: dict, layer: Layer):
-    return impls.get(layer.name) or impls.get(layer.kind)
-
-
-def _host(a) -> np.ndarray:
-    if isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "copy_to_host"):
-        return a.copy_to_host()
-    return a.get()
 
 
 class Forward:
@@ -380,14 +370,17 @@ def run_job(job: dict, chan: Channel, stdin) -> None:
     if _read_command(stdin) != "continue":
         return
 
+    def student_forward(name: str, net: Net) -> Forward:
+        spec = contract[name]
+        return Forward(net, student[name]["impls"], spec["arrays"], spec["per_image"], clocks[spec["target"]])
+
     # --- accuracy: the whole network with the student's functions on the grader's images
     for a in job["accuracy"]:
         name = a["variant"]
         net, x, w = workloads[a["workload"]]
         chan.send("start", {"what": f"the {net.name} forward pass ({x.shape[0]} images) of variant {name!r}"})
-        spec = contract[name]
         try:
-            fwd = Forward(net, student[name]["impls"], spec["arrays"], spec["per_image"], clocks[spec["target"]])
+            fwd = student_forward(name, net)
             xd, wd = fwd.upload(x, w)
             probs, _ = fwd.run(xd, wd, poison=True)
         except BaseException as exc:  # noqa: BLE001
@@ -402,14 +395,14 @@ def run_job(job: dict, chan: Channel, stdin) -> None:
     name = timing["variant"]
     net, x, w = workloads[timing["workload"]]
     chan.send("start", {"what": f"timing variant {name!r} on {x.shape[0]} images"})
-    spec = contract[name]
     try:
-        fwd = Forward(net, student[name]["impls"], spec["arrays"], spec["per_image"], clocks[spec["target"]])
+        fwd = student_forward(name, net)
         runs = time_variant(fwd, x, w, timing["warmup"], timing["repeat"])
     except BaseException as exc:  # noqa: BLE001
         chan.send("timing", {"error": describe_exception(exc, "the timed run")})
         return
-    chan.send("timing", {"runs": runs, "method": "cuda-events" if clocks[spec["target"]].gpu else "perf_counter"})
+    gpu_clock = clocks[contract[name]["target"]].gpu
+    chan.send("timing", {"runs": runs, "method": "cuda-events" if gpu_clock else "perf_counter"})
 
 
 def describe(notebook: str, out: str) -> None:

@@ -6,15 +6,14 @@ Functions follow the calling convention in ``labkit.check`` (they write into a N
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import reference, timing
-from .check import call_layer
+from .check import call_layer, impl_for, to_host
 from .device import label
-from .nets import Layer, base_name
+from .nets import base_name
 from .workloads import Workload
 
 
@@ -30,25 +29,13 @@ class NetRun:
         return timing.format_report(self.report)
 
 
-def _impl_for(layer: Layer, impls: dict[str, Callable]) -> Callable | None:
-    return impls.get(layer.name) or impls.get(layer.kind)
-
-
-def _to_host(a) -> np.ndarray:
-    if isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "copy_to_host"):
-        return a.copy_to_host()
-    return a.get()
-
-
 def _forward_once(wl: Workload, x, weights, impls, arrays: str, seconds: dict[str, float] | None,
                   method: str = "auto"):
     """One pass over the layers on the batch ``x``; adds each layer's time into ``seconds`` if given."""
     alloc = _host_empty if arrays == "host" else _device_empty
     y = x
     for layer in wl.net.layers:
-        fn = _impl_for(layer, impls)
+        fn = impl_for(impls, layer)
         with timing.Timer(method) as t:
             if layer.kind == "flatten":
                 y = y.reshape(y.shape[0], -1)
@@ -98,7 +85,7 @@ def run(wl: Workload, impls=None, *, arrays: str | None = None, per_image: bool 
     if arrays not in ("host", "device"):
         raise ValueError(f"arrays must be 'host' or 'device', not {arrays!r}")
     if arrays == "device":
-        missing = [ly.name for ly in wl.net.layers if ly.kind != "flatten" and _impl_for(ly, impls) is None]
+        missing = [ly.name for ly in wl.net.layers if ly.kind != "flatten" and impl_for(impls, ly) is None]
         if missing:
             raise ValueError(f"arrays='device' keeps data on the GPU, so every layer needs a function; missing: "
                              f"{', '.join(missing)}")
@@ -113,9 +100,9 @@ def run(wl: Workload, impls=None, *, arrays: str | None = None, per_image: bool 
     seconds: dict[str, float] = {}
     if per_image:
         parts = [_forward_once(wl, x[i:i + 1], weights, impls, arrays, seconds, method) for i in range(len(wl.x))]
-        probs = np.concatenate([_to_host(p) for p in parts])
+        probs = np.concatenate([to_host(p) for p in parts])
     else:
-        probs = _to_host(_forward_once(wl, x, weights, impls, arrays, seconds, method))
+        probs = to_host(_forward_once(wl, x, weights, impls, arrays, seconds, method))
     seconds.pop("flatten", None)
     predictions = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import nbcells
-from .check import CheckResult, check_layer
+from .check import CheckResult, check_layer, impl_for
 from .nets import Net, get_net
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def check_variant(variant: Variant, net: str | Net, quiet: bool = False,
     net = get_net(net)
     results = []
     for layer in net.layers:
-        fn = variant.impls.get(layer.name) or variant.impls.get(layer.kind)
+        fn = impl_for(variant.impls, layer)
         if fn is None or layer.kind == "flatten":
             continue
         results.append(check_layer(fn, net, layer.name, target=variant.target, arrays=variant.arrays,

@@ -3,7 +3,6 @@
 import re
 
 import numpy as np
-import pytest
 from click.testing import CliRunner
 
 from labkit import data

@@ -25,11 +25,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_environment() -> dict[str, str]:
+    import atexit
+    import shutil
     import tempfile
 
     # a fresh ledger, as in the tests: plots in the stored outputs show only the notebook's own runs
-    env = {"NUMBA_ENABLE_CUDASIM": "1", "LABKIT_QUICK": "1",
-           "LABKIT_RESULTS": str(Path(tempfile.mkdtemp(prefix="labkit-solutions-")) / "ledger.jsonl")}
+    results = tempfile.mkdtemp(prefix="labkit-solutions-")
+    atexit.register(shutil.rmtree, results, ignore_errors=True)
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "LABKIT_QUICK": "1", "LABKIT_RESULTS": str(Path(results) / "ledger.jsonl")}
     shared = REPO.parent / "shared" / "datasets"
     if not os.environ.get("LABKIT_DATA") and shared.is_dir():
         env["LABKIT_DATA"] = str(shared)
