@@ -124,3 +124,19 @@ def test_table_speedups_are_over_the_first_timed_row():
     lines = bench.table(rows).splitlines()
     assert "1.0x" in lines[1] and "checks failed" in lines[2] and "4.0x" in lines[3] and lines[3].endswith("NO")
     assert np.isclose(float(lines[3].split()[4]), 0.5)
+
+
+def test_cli_bench_on_a_shipped_stage(tmp_path, cifar_root):
+    from click.testing import CliRunner
+
+    from labkit.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["bench", "--stages", "01", "--images", "3", "--out", str(out), "--repeat", "1",
+                                       "--no-baselines", "--skip", "nothing_matches"])
+    assert result.exit_code == 0, result.output
+    assert "01 serial" in result.output and "PASS" in result.output
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [(r["stage"], r["images"], r["predictions_equal"]) for r in rows] == [("01 serial", 3, True)]
+    result = CliRunner().invoke(main, ["bench", "--images", "3,x"])
+    assert result.exit_code != 0 and "whole numbers" in result.output

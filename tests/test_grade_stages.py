@@ -12,7 +12,7 @@ import pytest
 from labkit import grade
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow  # about 4 minutes on 2 cores: the simulator runs stage 02's three GPU mappings
+pytestmark = pytest.mark.slow  # about 3 minutes on 2 cores: the simulator runs stage 02's three GPU mappings
 
 
 @pytest.fixture(scope="module")
