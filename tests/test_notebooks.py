@@ -109,3 +109,25 @@ def test_solution_variants_pass_and_student_variants_say_not_implemented():
     student = stages.load_variants(REPO / "notebooks" / path.name)
     results = stages.check_variant(student["serial"], "cifar10", quiet=True)
     assert results and all(not r.passed and "not implemented yet" in r.detail for r in results)
+
+
+cite_spec = importlib.util.spec_from_file_location("cite_measurements", REPO / "tools" / "cite_measurements.py")
+cite = importlib.util.module_from_spec(cite_spec)
+cite_spec.loader.exec_module(cite)
+
+
+def test_quoted_measurements_are_computed_from_the_committed_ledgers():
+    """The notebooks' and README's figures from the real-GPU run are rendered from its ledgers, never typed in."""
+    measured = cite.Measured()
+    for number, render in cite.CELLS.items():
+        assert cite.stored_cell(number) == render(measured), (
+            f"solutions/{number}: its '{number}-h100' cell differs from the ledgers; run "
+            f"python tools/cite_measurements.py && python tools/make_student.py")
+    assert cite.stored_readme_block() == cite.readme_block(measured)
+
+
+def test_measured_refuses_an_ambiguous_run():
+    measured = cite.Measured()
+    with pytest.raises(KeyError, match="name the call"):
+        measured.total("03 explicit_batched")  # run in both calls
+    assert measured.total("03 explicit_batched", call=2) > 0
