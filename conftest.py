@@ -40,11 +40,17 @@ def _skip_reason(rel: str) -> str:
     return f"real data {rel} not found under {where}; set LABKIT_DATA to a folder laid out like ../shared/datasets"
 
 
-@pytest.fixture
-def cifar_root() -> Path:
+@pytest.fixture(scope="session")
+def cifar_data() -> Path:
+    """The real CIFAR-10 data, for module-scoped fixtures (``cifar_root`` is the per-test one)."""
     if not _has("cifar-10-batches-bin/data_batch_1.bin"):
         pytest.skip(_skip_reason("cifar-10-batches-bin/data_batch_1.bin"))
     return DATA_ROOT
+
+
+@pytest.fixture
+def cifar_root(cifar_data) -> Path:
+    return cifar_data
 
 
 @pytest.fixture

@@ -39,7 +39,6 @@ class Layer:
         return self.kind in ("conv", "fc")
 
 
-
 SCALED_SUFFIX = "-mini"
 
 
@@ -108,7 +107,7 @@ class Net:
     def conv_layers(self) -> list[str]:
         return [layer.name for layer in self.layers if layer.kind == "conv"]
 
-    def scaled(self, input_hw: tuple[int, int], max_channels: int | None = None, suffix: str = SCALED_SUFFIX) -> "Net":
+    def scaled(self, input_hw: tuple[int, int], max_channels: int | None = None) -> "Net":
         """A smaller copy of this net (same layer kinds, kernels, pads and strides) for the CUDA simulator:
         a smaller input and, optionally, at most ``max_channels`` maps per conv layer. fc input sizes follow."""
         layers = []
@@ -118,7 +117,7 @@ class Net:
                               layer.stride, layer.bias)
             layers.append(layer)
         c = self.input_shape[0]
-        net = Net(self.name + suffix, (c, *input_hw), tuple(layers), self.dataset, self.report, (), self.classes,
+        net = Net(self.name + SCALED_SUFFIX, (c, *input_hw), tuple(layers), self.dataset, self.report, (), self.classes,
                   default_images=2)
         if any(d < 1 for shape in net.shapes().values() for d in shape):
             raise ValueError(f"input {input_hw} is too small for {self.name}: some layer would have no output")

@@ -42,7 +42,7 @@ def _notebook(path, source):
 
 
 @pytest.fixture(scope="module")
-def benched(tmp_path_factory, cifar_root_module):
+def benched(tmp_path_factory, cifar_data):
     root = tmp_path_factory.mktemp("bench")
     books = root / "notebooks"
     books.mkdir()
@@ -53,14 +53,6 @@ def benched(tmp_path_factory, cifar_root_module):
     rows = bench.bench(None, None, (5, 9), books, out, repeat=2, limits=bench.Limits(per_image=5, cpu=100),
                        command="pytest bench", progress=False, skip=["05 left_*"])
     return rows, out
-
-
-@pytest.fixture(scope="module")
-def cifar_root_module():
-    import conftest
-
-    if not conftest._has("cifar-10-batches-bin/data_batch_1.bin"):
-        pytest.skip(conftest._skip_reason("cifar-10-batches-bin/data_batch_1.bin"))
 
 
 def _row(rows, stage, images):

@@ -16,11 +16,7 @@ pytestmark = pytest.mark.slow  # about 3 minutes on 2 cores: the simulator runs 
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    import conftest
-
-    if not conftest._has("cifar-10-batches-bin/data_batch_1.bin"):
-        pytest.skip(conftest._skip_reason("cifar-10-batches-bin/data_batch_1.bin"))
+def graded(tmp_path_factory, cifar_data):
     root = tmp_path_factory.mktemp("class")
     for student, folder in (("solution", "solutions"), ("student_copy", "notebooks")):
         shutil.copytree(REPO / folder, root / "submissions" / student / "notebooks")
