@@ -1,30 +1,27 @@
 """labkit: the helper package of the CNN-on-GPU course kit.
 
-A notebook imports one thing: ``import labkit as lk``. Names are grouped by the module that owns them.
+A notebook imports one thing: ``import labkit as lk``. Names are grouped by the module that owns them; the modules
+themselves are there too (``lk.gpu.launch``, ``lk.simulator.BATCHES``, ``lk.kernels.GIVEN`` ...).
 """
 
-import os
-import warnings
+from . import runtime
 
-# numba's OpenMP threads otherwise spin-wait between parallel regions, which starves every other process on a
-# shared laptop or CI core (a prange stage then looks many times slower than it is). Set before numba loads it.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+runtime.apply()  # thread and warning settings, before anything imports numba's thread pool
 
-from numba.core.errors import NumbaPerformanceWarning
+from . import (ceilings, check, data, device, engine, gpu, kernels, layers, ledger, measured, nbcells,  # noqa: E402
+               nets, notebook, plots, profile, reference, report, simulator, stages, timing, weights_io, workloads)
+from .check import CheckResult, check_layer, check_network, check_variant  # noqa: E402
+from .data import load_cifar10, load_fashion, load_inputs, to_input  # noqa: E402
+from .engine import NetRun, run  # noqa: E402
+from .ledger import Ledger  # noqa: E402
+from .notebook import hello  # noqa: E402
+from .nets import NETS, Layer, Net, get_net, layer_cost, net_cost  # noqa: E402
+from .profile import Profiler  # noqa: E402
+from .reference import accuracy, conv2d, fc, forward, maxpool2d, predict, relu, softmax, tanh  # noqa: E402
+from .report import RunReport, format_report, format_throughput  # noqa: E402
+from .stages import STAGES, Variant, from_stage, load_variants, variants  # noqa: E402
+from .timing import Timer, measure  # noqa: E402
+from .weights_io import load_c_study_weights, load_weights, random_weights, save_weights  # noqa: E402
+from .workloads import Workload, workload  # noqa: E402
 
-# Low-occupancy warnings fire on every small launch (one image, a tiny simulated grid) and bury the
-# self-check lines; occupancy is taught with measurements instead.
-warnings.simplefilter("ignore", NumbaPerformanceWarning)
-
-from . import check, data, device, nbcells, nets, plots, profile, reference, timing
-from .check import CheckResult, check_layer, check_layers, check_network
-from .data import load_cifar10, load_fashion, load_inputs, to_input
-from .nets import NETS, Layer, Net, get_net, load_c_study_weights, load_weights, random_weights, save_weights
-from .profile import Profiler
-from .reference import accuracy, conv2d, fc, forward, maxpool2d, predict, relu, softmax, tanh
-from .runner import NetRun, run
-from .stages import STAGES, Variant, check_variant, load_variants
-from .timing import Ledger, RunReport, Timer, format_report, measure
-from .workloads import Workload, workload
-
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -16,18 +16,19 @@ import traceback
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
-from statistics import median
 
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import cudnn, device, reference, stages, timing
+from . import cudnn, device, reference, stages
+from .check import check_variant
+from .engine import run
+from .ledger import Ledger, repo_root
 from .nbcells import NotebookError
-from .runner import run
+from .report import RunReport
 from .workloads import workload
 
-
-REFERENCE_STAGE = "numpy reference (CPU)"
+REFERENCE_STAGE = stages.REFERENCE_LABEL
 
 
 @dataclass
@@ -39,14 +40,6 @@ class Limits:
     cpu_repeat: int = 1  # CPU variants take seconds per run: fewer timed runs
 
 
-def _median_report(reports: list[timing.RunReport]) -> timing.RunReport:
-    first = reports[0]
-    layers = {name: median(r.layer_seconds[name] for r in reports) for name in first.layer_seconds}
-    return timing.RunReport(net=first.net, images=first.images, layer_seconds=layers, accuracy=first.accuracy,
-                            device=first.device, simulated=first.simulated, synthetic=first.synthetic,
-                            stage=first.stage, method=first.method)
-
-
 def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
     paths = sorted(notebooks.glob("*.ipynb"))
     if selected:
@@ -55,16 +48,17 @@ def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
 
 
 def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None, images: tuple[int, ...] = (1200,),
-          notebooks: Path = stages.SOLUTIONS, out: Path | None = None, repeat: int = 3, limits: Limits = Limits(),
+          notebooks: Path | None = None, out: Path | None = None, repeat: int = 3, limits: Limits = Limits(),
           baselines: bool = True, command: str | None = None, progress: bool = True,
           skip: list[str] | None = None) -> list[dict]:
     """Run the ladder; return one row per (stage, variant, net, images) and write them under ``out``.
 
     ``skip``: shell patterns matched against the variant name and against "NN name"; matches are listed, not run.
     """
-    out = Path(out or timing.repo_root() / "results" / "scratch")
+    out = Path(out or repo_root() / "results" / "scratch")
     out.mkdir(parents=True, exist_ok=True)
-    ledger = timing.Ledger(out / "ledger.jsonl")
+    ledger = Ledger(out / "ledger.jsonl")
+    notebooks = Path(notebooks or stages.solutions_folder())
     command = command or " ".join(["labkit", *sys.argv[1:]])
     jobs = []
     for path in _stage_paths(Path(notebooks), stage_numbers):
@@ -96,15 +90,15 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             wl = workload(net, n, target=target, tile=True, quiet=True)
             key = (wl.net.name, wl.images, wl.note)
             if key not in refs:
-                refs[key] = (wl, run(wl, stage=REFERENCE_STAGE, warmup=False, quiet=True))
+                refs[key] = (wl, run(wl, label=REFERENCE_STAGE, warmup=False, quiet=True))
             picked[(net, n, target)] = key
         return refs[picked[(net, n, target)]]
 
     for path, name, variant, net in jobs:
         stage = stages.stage_of(path)
-        label = f"{stage.number if stage else path.stem} {name}"
+        label = stages.label(stage.number if stage else path.stem, name)
         skipped = any(fnmatch(name, pat) or fnmatch(label, pat) for pat in skip or ())
-        checks = [] if skipped else stages.check_variant(variant, net, quiet=True)
+        checks = [] if skipped else check_variant(variant, net, quiet=True)
         failed = [str(c) for c in checks if not c.passed]
         for n in images:
             row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,
@@ -121,12 +115,9 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                 try:
                     wl, ref_run = reference_of(net, n, variant.target)
                     ref_pred = ref_run.predictions
-                    reports, preds = [], None
-                    for i in range(limits.cpu_repeat if variant.target == "cpu" else repeat):
-                        r = run(wl, variant, stage=label, warmup=i == 0, quiet=True)
-                        reports.append(r.report)
-                        preds = r.predictions
-                    rep = _median_report(reports)
+                    r = run(wl, variant, label=label, quiet=True,
+                            repeat=limits.cpu_repeat if variant.target == "cpu" else repeat)
+                    rep, preds = r.report, r.predictions
                     ledger.record(rep, command=command)
                     ref_acc = None if wl.labels is None else reference.accuracy(ref_pred, wl.labels)
                     row.update(_row_numbers(rep, wl.net), accuracy=rep.accuracy, reference_accuracy=ref_acc,
@@ -147,10 +138,14 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     return rows
 
 
-def _row_numbers(rep: timing.RunReport, net) -> dict:
+def _row_numbers(rep: RunReport, net) -> dict:
     kinds = rep.by_kind(net)
+    thr = rep.throughput(net)
+    conv = [r for r in thr.values() if r["kind"] == "conv"]
+    conv_flops = sum(r["flops"] for r in conv)
     return {"total_s": rep.total, "conv_s": kinds.get("conv", 0.0), "layer_seconds": rep.layer_seconds,
-            "device": rep.device, "method": rep.method}
+            "conv_gflops": conv_flops / kinds["conv"] / 1e9 if kinds.get("conv") else None,
+            "total_range": rep.total_range, "runs": rep.runs, "device": rep.device, "method": rep.method}
 
 
 def _baselines(net: str, n: int, reference_of, ledger, command, repeat) -> list[dict]:
@@ -188,7 +183,7 @@ def _write(out: Path, rows: list[dict], command: str) -> None:
         from . import plots
 
         for net, n in sorted({(r["net"], r["images"]) for r in rows if "total_s" in r}):
-            reports = ledger_reports(out / "ledger.jsonl", net, n)
+            reports = Ledger(out / "ledger.jsonl").reports(net=net, images=n)
             if reports:
                 plots.save(plots.stage_ladder(reports, net, images=n), out / f"ladder_{net}_{n}.png")
     except Exception as exc:  # noqa: BLE001 - a plot must not lose the numbers
@@ -199,7 +194,7 @@ def rows_from_ledgers(paths: list[Path]) -> list[dict]:
     """Ladder rows (one per recorded run) from ledger files, e.g. several bench calls on one device."""
     rows = []
     for path in paths:
-        for rep in timing.Ledger(path).reports():
+        for rep in Ledger(path).reports():
             rows.append({"stage": rep.stage or "?", "net": rep.net, "images": rep.images, "checks": "PASS"
                          if rep.stage and rep.stage[:2].isdigit() else "-", **_row_numbers(rep, rep.net),
                          "accuracy": rep.accuracy, "simulated": rep.simulated, "source": str(path)})
@@ -212,7 +207,7 @@ def summarize(paths: list[Path], out: Path, command: str) -> list[dict]:
 
     rows = sorted(rows_from_ledgers(paths), key=lambda r: (r["net"], r["images"]))
     out.mkdir(parents=True, exist_ok=True)
-    reports = [rep for path in paths for rep in timing.Ledger(path).reports()]
+    reports = [rep for path in paths for rep in Ledger(path).reports()]
     devices = sorted({r["device"] for r in rows})
     text = table(rows)
     (out / "summary.md").write_text(f"# Speed ladder on {', '.join(devices)}\n\nMade by `{command}` from "
@@ -224,28 +219,29 @@ def summarize(paths: list[Path], out: Path, command: str) -> list[dict]:
     return rows
 
 
-def ledger_reports(path: Path, net: str, n: int) -> list[timing.RunReport]:
-    return timing.Ledger(path).reports(net=net, images=n)
-
-
 def _yes_no(value) -> str:
     return "-" if value is None else "yes" if value else "NO"
 
 
 def table(rows: list[dict]) -> str:
-    """Stage ladder as text: one line per run, speedup over the first timed run of the same net and size."""
+    """Stage ladder as text: one line per run; speedup over the baseline of the same net and image count
+    (``labkit.stages.speedup_baseline``: the numpy reference when it ran)."""
     lines = [f"{'stage':<34} {'net':<8} {'images':>6} {'check':<5} {'total s':>10} {'conv s':>10} "
-             f"{'speedup':>8} {'accuracy':>8} {'=ref':>4}"]
-    first: dict = {}
+             f"{'conv GF/s':>9} {'speedup':>8} {'accuracy':>8} {'=ref':>4}"]
+    timed: dict = {}
+    for r in rows:
+        if "total_s" in r:
+            timed.setdefault((r["net"], r["images"]), {})[r["stage"]] = r["total_s"]
+    base = {key: runs[stages.speedup_baseline(runs)] for key, runs in timed.items()}
     for r in rows:
         key = (r["net"], r["images"])
         if "total_s" not in r:
             why = r.get("skipped") or r.get("error", "")
             lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} {why}")
             continue
-        first.setdefault(key, r["total_s"])
         acc = "n/a" if r.get("accuracy") is None else f"{100 * r['accuracy']:.2f}"
+        gf = "-" if r.get("conv_gflops") is None else f"{r['conv_gflops']:.1f}"
         lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} "
-                     f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {first[key] / r['total_s']:>7.1f}x "
+                     f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {gf:>9} {base[key] / r['total_s']:>7.1f}x "
                      f"{acc:>8} {_yes_no(r.get('predictions_equal')):>4}")
     return "\n".join(lines)

@@ -95,23 +95,27 @@ def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
               help="Append the per-layer times to this results ledger (JSON lines).")
 def run(net_name, images, weights, download, synthetic, ledger):
     """The main job: the reference forward pass with the report in the network's original format."""
-    from . import nets, runner, timing
+    from . import engine, weights_io
+    from .ledger import Ledger
+    from .report import format_report, format_throughput
     from .workloads import Workload
 
     net = get_net(net_name)
     images = images or net.default_images
     try:
-        w = nets.load_weights(net, weights)
+        w = weights_io.load_weights(net, weights)
         x, labels, source = _inputs_or_synthetic(net, images, download, synthetic)
     except (ValueError, FileNotFoundError, data_mod.DataError) as exc:
         raise click.ClickException(str(exc)) from None
-    wsrc = weights or nets.shipped_weights_path(net)
+    wsrc = weights or "the kit's own (labkit/weights/)"
     click.echo(f"{net.name}: {len(x)} {source}; weights {wsrc}")
     wl = Workload(net, w, x, labels, simulated=False, synthetic=labels is None, note=source)
-    result = runner.run(wl, stage="reference", warmup=False, quiet=True)
-    click.echo(timing.format_report(result.report))
+    result = engine.run(wl, warmup=False, quiet=True)
+    click.echo(format_report(result.report))
+    click.echo("")
+    click.echo(format_throughput(result.report))
     if ledger:
-        timing.Ledger(ledger).record(result.report, command=" ".join(["labkit", *sys.argv[1:]]))
+        Ledger(ledger).record(result.report, command=" ".join(["labkit", *sys.argv[1:]]))
 
 
 def _csv_list(value: str | None) -> list[str] | None:
@@ -138,13 +142,13 @@ def _csv_list(value: str | None) -> list[str] | None:
 def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, skip, no_baselines):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
     from . import bench as bench_mod
-    from .stages import SOLUTIONS
+    from .stages import solutions_folder
 
     try:
         counts = tuple(int(v) for v in _csv_list(images))
     except ValueError:
         raise click.BadParameter(f"--images takes whole numbers separated by commas, not {images!r}") from None
-    rows = bench_mod.bench(_csv_list(stages), _csv_list(nets), counts, notebooks or SOLUTIONS, out, repeat,
+    rows = bench_mod.bench(_csv_list(stages), _csv_list(nets), counts, notebooks or solutions_folder(), out, repeat,
                            bench_mod.Limits(per_image_max, cpu_max), baselines=not no_baselines,
                            skip=_csv_list(skip))
     click.echo(bench_mod.table(rows))

@@ -9,7 +9,8 @@ from statistics import median
 
 import numpy as np
 
-from . import device, reference, timing
+from . import device, reference
+from .report import RunReport
 from .workloads import Workload
 
 
@@ -40,7 +41,7 @@ def _layer_fn(layer, weights):
             "softmax": lambda x: torch.softmax(x, dim=1)}[layer.kind]
 
 
-def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3) -> tuple[timing.RunReport, np.ndarray]:
+def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3) -> tuple[RunReport, np.ndarray]:
     """Per-layer median times (CUDA events) of the whole batch on the GPU, and the predictions."""
     import torch
 
@@ -65,10 +66,12 @@ def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3) -> tuple[timin
                     times[name].append(start.elapsed_time(end) / 1e3)
         probs = y.cpu().numpy()
     times.pop("flatten", None)
+    totals = [sum(times[name][i] for name in times) for i in range(repeat)]
     preds = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(preds, wl.labels)
-    report = timing.RunReport(net=wl.net.name, images=wl.images,
+    report = RunReport(net=wl.net.name, images=wl.images,
                               layer_seconds={k: median(v) for k, v in times.items()}, accuracy=acc,
                               device=device.label(), simulated=False, synthetic=wl.synthetic,
-                              stage=f"cuDNN (PyTorch {torch.__version__})", method="cuda-events")
+                              stage=f"cuDNN (PyTorch {torch.__version__})", method="cuda-events", runs=repeat,
+                       total_range=(min(totals), max(totals)))
     return report, preds

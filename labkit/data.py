@@ -124,6 +124,22 @@ def search_roots() -> list[tuple[str, Path]]:
     return roots
 
 
+_ROOT_NAMES = {"$LABKIT_DATA": "$LABKIT_DATA", "repository data/": "data", "user cache": "<user cache>"}
+
+
+def shown(path: str | Path) -> str:
+    """A data path as outputs show it: relative to the search root it lies under (``$LABKIT_DATA/fashion-mnist``),
+    so stored notebook outputs and reports never carry one machine's absolute paths."""
+    path = Path(path)
+    for label, root in search_roots():
+        try:
+            rel = path.relative_to(root)
+        except ValueError:
+            continue
+        return f"{_ROOT_NAMES[label]}/{rel.as_posix()}" if str(rel) != "." else _ROOT_NAMES[label]
+    return str(path)
+
+
 def default_download_root() -> Path:
     """``$LABKIT_DATA`` if set, else ``data/`` when running from a checkout, else the user cache."""
     if os.environ.get("LABKIT_DATA"):
@@ -320,7 +336,7 @@ def load_cifar10(n: int | None = None, split: str = "train") -> Images:
         images.append(x)
         labels.append(y)
         left -= len(y)
-    return Images(np.concatenate(images), np.concatenate(labels), "cifar10", split, str(folder))
+    return Images(np.concatenate(images), np.concatenate(labels), "cifar10", split, shown(folder))
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -360,7 +376,8 @@ def load_fashion(n: int | None = None, split: str = "test") -> Images:
     if len(images) != len(labels):
         raise DataError(f"{folder}: {len(images)} images but {len(labels)} labels")
     n = _take(n, len(images), "Fashion-MNIST", split, str(folder))
-    return Images(np.ascontiguousarray(images[:n, None]), labels[:n].astype(np.int64), "fashion", split, str(folder))
+    return Images(np.ascontiguousarray(images[:n, None]), labels[:n].astype(np.int64), "fashion", split,
+                  shown(folder))
 
 
 def load(dataset: str, n: int | None = None, split: str | None = None) -> Images:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .nets import base_name
-from .timing import RunReport
+from .report import RunReport
+from .stages import order_key, speedup_baseline
 
 
 def _figure(ax, figsize=(8, 4)):
@@ -59,6 +59,38 @@ def layer_bars(report_or_reports: RunReport | Sequence[RunReport], ax=None, shar
     return fig
 
 
+def per_image_bars(runs: dict, ax=None, title: str = ""):
+    """Seconds per image of every layer, one bar per run (``name -> NetRun``, of any image counts), log scale."""
+    if not runs:
+        fig, ax = _figure(ax)
+        ax.text(0.5, 0.5, "nothing measured yet", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    reports = []
+    for name, r in runs.items():
+        rep = r.report
+        reports.append(RunReport(rep.net, 1, {k: v / rep.images for k, v in rep.layer_seconds.items()},
+                                 device=rep.device, simulated=rep.simulated, stage=name))
+    fig = layer_bars(reports, ax=ax)
+    ax = ax or fig.axes[0]
+    ax.set(yscale="log", ylabel="seconds per image", title=title or ax.get_title())
+    return fig
+
+
+def scaling(reports, ax=None, title: str = ""):
+    """Milliseconds per image against the number of images, one line per run label (log scales): a flat line is a
+    cost per image (launches, copies, faults per call), a falling one a fixed cost spread over more images."""
+    fig, ax = _figure(ax, figsize=(6.5, 4))
+    lines: dict[str, list] = {}
+    for rep in reports:
+        lines.setdefault(rep.stage or rep.net, []).append((rep.images, 1e3 * rep.total / rep.images))
+    for name, points in lines.items():
+        ax.plot(*zip(*sorted(points)), marker="o", ls="--" if "managed" in name else "-", label=name)
+    ax.set(xscale="log", yscale="log", xlabel="images", ylabel="ms per image", title=title)
+    if lines:
+        ax.legend(fontsize=8)
+    return fig
+
+
 def _ladder_rows(records_or_reports, net: str, images, device):
     """(stage, total, conv, device) per stage: the newest run of each stage, one image count and device."""
     runs: list[dict] = []
@@ -95,15 +127,18 @@ def _ladder_rows(records_or_reports, net: str, images, device):
         raise ValueError(f"stage_ladder: no results for {net!r} with {images} images on {device}")
     newest: dict[str, dict] = {}
     for r in sorted(runs, key=lambda r: r["order"]):
+        newest.pop(r["stage"] or "(no stage)", None)
         newest[r["stage"] or "(no stage)"] = r
-    return [(stage, r["total"], r["conv"], device) for stage, r in sorted(newest.items())], images, device
+    ordered = sorted(newest.items(), key=lambda item: order_key(item[0]))
+    return [(stage, r["total"], r["conv"], device) for stage, r in ordered], images, device
 
 
 def stage_ladder(records_or_reports: Iterable, net, images: int | None = None, log: bool = True,
                  device: str | None = None, ax=None):
-    """The kit's speed ladder: per stage (sorted by name, newest run of each) a total bar and a conv bar,
-    annotated with the speedup of the total over the first stage. Takes ledger lines or RunReports."""
-    net = base_name(net)
+    """The kit's speed ladder: per run label (in course order, newest run of each) a total bar and a conv bar,
+    annotated with the speedup of the total over the baseline (``labkit.stages.speedup_baseline``: the numpy
+    reference when present). Takes ledger lines or RunReports."""
+    net = getattr(net, "name", net)
     rows, images, device = _ladder_rows(records_or_reports, net, images, device)
     stages = [r[0] for r in rows]
     totals = np.array([r[1] for r in rows])
@@ -112,9 +147,10 @@ def stage_ladder(records_or_reports: Iterable, net, images: int | None = None, l
     x = np.arange(len(stages))
     bars = ax.bar(x - 0.2, totals, 0.4, label="total")
     ax.bar(x + 0.2, convs, 0.4, label="conv")
+    base = totals[stages.index(speedup_baseline(stages))]
     for bar, total in zip(bars, totals):
-        if total > 0 and totals[0] > 0:
-            ax.annotate(f"x{totals[0] / total:.3g}", (bar.get_x() + bar.get_width() / 2, total),
+        if total > 0 and base > 0:
+            ax.annotate(f"x{base / total:.3g}", (bar.get_x() + bar.get_width() / 2, total),
                         ha="center", va="bottom", fontsize=8)
     if log and (totals > 0).all():
         ax.set_yscale("log")
@@ -125,32 +161,53 @@ def stage_ladder(records_or_reports: Iterable, net, images: int | None = None, l
     return fig
 
 
-def roofline(points: Iterable[tuple[str, float, float, float]], peak_flops: float, peak_bandwidth: float,
-             ax=None):
+def roofline(points: Iterable[tuple], peak_flops: float, peak_bandwidth: float, ax=None):
     """Achieved FLOP/s against arithmetic intensity (FLOP per byte moved), under the roofs
-    ``min(peak_flops, intensity * peak_bandwidth)``: shows whether a kernel is memory- or compute-bound."""
-    points = list(points)
+    ``min(peak_flops, intensity * peak_bandwidth)``: shows whether a kernel is memory- or compute-bound.
+    ``points``: (label, flops, bytes, seconds), or (series, label, flops, bytes, seconds) to colour by series."""
+    points = [p if len(p) == 5 else ("", *p) for p in points]
     if peak_flops <= 0 or peak_bandwidth <= 0:
         raise ValueError("roofline: peak_flops and peak_bandwidth must be positive")
+    for _, label, flops, nbytes, seconds in points:
+        if flops <= 0 or nbytes <= 0 or seconds <= 0:
+            raise ValueError(f"roofline: point {label!r} needs positive flops, bytes and seconds")
     fig, ax = _figure(ax, figsize=(6, 4.5))
     ridge = peak_flops / peak_bandwidth
-    intensities = [f / b for _, f, b, _ in points if b > 0 and f > 0]
+    intensities = [f / b for _, _, f, b, _ in points]
     lo = min([ridge / 100, *[i / 4 for i in intensities]])
     hi = max([ridge * 100, *[i * 4 for i in intensities]])
     xs = np.logspace(np.log10(lo), np.log10(hi), 200)
-    ax.plot(xs, np.minimum(peak_flops, xs * peak_bandwidth), color="k", lw=1.5, label="roof")
+    ax.plot(xs, np.minimum(peak_flops, xs * peak_bandwidth), color="k", lw=1.5)
     ax.axvline(ridge, color="gray", ls=":", lw=1)
-    for label, flops, nbytes, seconds in points:
-        if flops <= 0 or nbytes <= 0 or seconds <= 0:
-            raise ValueError(f"roofline: point {label!r} needs positive flops, bytes and seconds")
-        ax.scatter([flops / nbytes], [flops / seconds], zorder=3)
-        ax.annotate(label, (flops / nbytes, flops / seconds), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8)
+    series: dict[str, list] = {}
+    for name, label, flops, nbytes, seconds in points:
+        series.setdefault(name, []).append((label, flops / nbytes, flops / seconds))
+    for name, pts in series.items():
+        ax.scatter([p[1] for p in pts], [p[2] for p in pts], zorder=3, label=name or None)
+        for label, x, y in pts:
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(f"roofline: ridge at {ridge:.3g} FLOP/byte")
+    if any(series):
+        ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def roofline_runs(reports, ceilings, kinds: tuple[str, ...] = ("conv",), ax=None, title: str | None = None):
+    """A roofline of runs: one point per layer of ``kinds`` per report (FLOPs and minimum bytes from the spec,
+    the layer's measured seconds), coloured by run, under the device's ``labkit.ceilings.Ceilings``."""
+    points = [(rep.stage or rep.net, name, t["flops"], t["bytes"], t["seconds"])
+              for rep in reports for name, t in rep.throughput().items()
+              if t["kind"] in kinds and t["seconds"] > 0 and t["flops"] > 0]
+    if not points:
+        raise ValueError("roofline_runs: no timed layers of kinds " + ", ".join(kinds))
+    fig, ax = _figure(ax, figsize=(6.5, 4.5))
+    roofline(points, ceilings.flops, ceilings.bandwidth, ax=ax)
+    ax.set_title(title or f"{ceilings.device} ({ceilings.source}): ridge at {ceilings.ridge:.1f} FLOP/byte",
+                 fontsize=9)
     return fig
 
 

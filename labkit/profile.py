@@ -1,10 +1,12 @@
 """An nvprof-like summary a student can produce without nvprof (which no longer supports recent GPUs).
 
 The original studies read their profiles for two things: where the GPU time goes (kernels vs copies) and how
-many times each thing happened (3600 conv launches for 1200 images, 150030 host-to-device copies ...). The
-Profiler records both for the activities a notebook wraps. On a real GPU each activity is bracketed by CUDA
-events on the default stream and the elapsed times are read only when a table is asked for, so recording does
-not add a synchronization per launch; elsewhere ``perf_counter`` is used and the table says it is simulated.
+many times each thing happened (3600 conv launches for 1200 images, 150030 host-to-device copies ...).
+``with Profiler() as prof:`` records both for every launch and copy made through ``labkit.gpu`` (the launch layer
+every stage uses). On a real GPU each activity is bracketed by CUDA events on the default stream and the elapsed
+times are read only when a table is asked for, so recording adds no synchronization per launch; elsewhere
+``perf_counter`` is used and the table says it is simulated. An activity's time runs from an event recorded before
+the Python call to one recorded after it: for a small kernel that includes the time Python takes to launch it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 
 from . import device
 
@@ -55,8 +56,8 @@ class _Entry:
 
 @dataclass
 class Profiler:
-    """``prof = Profiler()``; wrap work in ``prof.activity(name, kind)``; copy with ``prof.to_device`` /
-    ``prof.to_host``; launch through ``prof.kernel(fn)``; then ``print(prof.table())``."""
+    """``with Profiler() as prof: ...`` then ``print(prof.table())``; ``prof.activity(name, kind)`` records any
+    other block (host work as ``kind="other"``)."""
 
     method: str = "auto"
     entries: list[_Entry] = field(default_factory=list)
@@ -70,7 +71,7 @@ class Profiler:
     # -- recording
 
     @contextmanager
-    def activity(self, name: str, kind: str = "kernel", nbytes: int = 0):
+    def activity(self, name: str, kind: str = "kernel", nbytes: int = 0, **launch):
         """Time the body as one call of ``name``; ``kind`` is kernel, HtoD, DtoH or other."""
         if kind not in ACTIVITY_KINDS:
             raise ValueError(f"activity kind must be one of {', '.join(ACTIVITY_KINDS)}, not {kind!r}")
@@ -98,32 +99,16 @@ class Profiler:
                 entry.seconds = time.perf_counter() - t0
                 self.entries.append(entry)
 
-    def to_device(self, host_array, name: str | None = None, stream=0, to=None):
-        """``numba.cuda.to_device`` (or a copy into the device array ``to``), recorded as HtoD with its bytes."""
-        from numba import cuda
+    def __enter__(self) -> Profiler:
+        """Record every launch and copy made through ``labkit.gpu`` inside the ``with`` block."""
+        from . import gpu
 
-        host_array = np.asarray(host_array) if not hasattr(host_array, "__cuda_array_interface__") else host_array
-        label = COPY_NAMES["HtoD"] + (f" {name}" if name else "")
-        with self.activity(label, "HtoD", nbytes=host_array.nbytes):
-            if to is not None:
-                to.copy_to_device(host_array, stream=stream)
-                out = to
-            else:
-                out = cuda.to_device(host_array, stream=stream)
-        return out
+        self._recording = gpu.recording(self)
+        self._recording.__enter__()
+        return self
 
-    def to_host(self, device_array, name: str | None = None, out=None, stream=0):
-        """``device_array.copy_to_host(out)``, recorded as DtoH with its bytes."""
-        label = COPY_NAMES["DtoH"] + (f" {name}" if name else "")
-        with self.activity(label, "DtoH", nbytes=device_array.nbytes):
-            result = device_array.copy_to_host(out, stream=stream) if out is not None else \
-                device_array.copy_to_host(stream=stream)
-        return result
-
-    def kernel(self, kernel, name: str | None = None) -> _ProfiledKernel:
-        """Wrap a ``@cuda.jit`` kernel so every ``wrapped[grid, block](...)`` launch is recorded."""
-        return _ProfiledKernel(self, kernel, name or getattr(kernel, "__name__", None)
-                               or getattr(getattr(kernel, "py_func", None), "__name__", "kernel"))
+    def __exit__(self, *exc) -> None:
+        self._recording.__exit__(*exc)
 
     def reset(self) -> None:
         self.entries.clear()
@@ -185,19 +170,3 @@ class Profiler:
 
     def __str__(self) -> str:
         return self.table()
-
-
-class _ProfiledKernel:
-    """``kernel[grid, block](args)`` with each launch timed and counted."""
-
-    def __init__(self, prof: Profiler, kernel, name: str):
-        self.prof, self.kernel, self.name = prof, kernel, name
-
-    def __getitem__(self, config):
-        configured = self.kernel[config]
-
-        def launch(*args, **kwargs):
-            with self.prof.activity(self.name, "kernel"):
-                return configured(*args, **kwargs)
-
-        return launch

@@ -1,24 +1,26 @@
-"""The stages of the course and the variants each stage's notebook defines.
+"""The stages of the course, the variants each stage's notebook defines, and the one rule for their labels.
 
-A stage notebook's ``kernel``-tagged cells end by defining ``VARIANTS``: a dict of name -> ``Variant``
-(which student function computes which layer, CPU or GPU code, where the data lives). The bench and the
-grader load only those cells (``labkit.nbcells``) and use ``VARIANTS``, so every stage is checked and timed
-the same way.
+A stage notebook's ``kernel``-tagged cells end with ``VARIANTS = lk.variants("04", {...})``: which function computes
+which layer, CPU or GPU code, where the data lives. The bench and the grader load only those cells
+(``labkit.nbcells``) and use ``VARIANTS``, so every stage is checked and timed the same way. A run's label is
+``label(stage, variant)`` ("04 batched_padded") everywhere: ledger, ladder, bench, grader.
+
+Code a student wrote in an earlier stage comes to later stages as given code: ``from_stage("02")`` loads the kernel
+cells of the kit's own solution of stage 02, so a bug left in a student's stage 02 cannot break their stage 04, and
+nobody writes the same kernel twice.
 """
 
 from __future__ import annotations
 
+import os
+import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import nbcells
-from .check import CheckResult, check_layer, impl_for
-from .nets import Net, get_net
 
 REPO = Path(__file__).resolve().parent.parent
-SOLUTIONS = REPO / "solutions"
-NOTEBOOKS = REPO / "notebooks"
 
 
 @dataclass(frozen=True)
@@ -44,21 +46,54 @@ STAGES = {
     )
 }
 
+REFERENCE_LABEL = "numpy reference"
+
+
+def label(stage: str | None, variant: str) -> str:
+    """The label of a run everywhere (ledger, ladder, bench, grader): stage number, space, variant name."""
+    return f"{stage} {variant}" if stage else variant
+
+
+def order_key(run_label: str | None) -> tuple:
+    """Course order of run labels: stages by number (a stage's variants in the order they were run), then the
+    baselines (numpy reference, cuDNN, ...). Use with a stable sort."""
+    head = (run_label or "").split(" ", 1)[0]
+    return (0, int(head)) if head.isdigit() else (1, 0)
+
+
+def speedup_baseline(labels) -> str:
+    """The run every speedup is measured against: the numpy reference when it is there, else the first run in
+    course order."""
+    labels = list(labels)
+    if REFERENCE_LABEL in labels:
+        return REFERENCE_LABEL
+    return sorted(labels, key=order_key)[0]
+
+
+def solutions_folder() -> Path:
+    """Where the kit's solution notebooks are: ``$LABKIT_SOLUTIONS`` (the grader's private copy), else the repo's."""
+    return Path(os.environ.get("LABKIT_SOLUTIONS") or REPO / "solutions")
+
 
 @dataclass(frozen=True)
 class Variant:
     """One way a stage computes the network.
 
     ``impls`` maps a layer name ("conv1") or kind ("conv") to a function with the calling convention of
-    ``labkit.check``; layers without one run on the numpy reference (host arrays only).
+    ``labkit.layers``; layers without one run on the numpy reference (host arrays only). ``target``: "gpu" for
+    numba.cuda or cupy code, "cpu" for CPU code. ``arrays``: "host" hands the functions numpy arrays (they copy
+    for themselves), "device" keeps every activation on the GPU. ``per_image`` launches every layer once per image,
+    as the original C study did. ``name`` and ``stage`` are set by ``variants()``.
     """
 
     impls: dict[str, Callable] = field(default_factory=dict)
-    target: str = "gpu"  # "gpu": numba.cuda / cupy code; "cpu": CPU code
-    arrays: str = "host"  # "device": activations stay on the GPU between layers
-    per_image: bool = False  # launch every layer once per image, as the original C study did
-    nets: tuple[str, ...] = ("cifar10",)
+    target: str = "gpu"
+    arrays: str = "host"
+    per_image: bool = False
+    nets: tuple[str, ...] = ("cifar10", "fashion")
     note: str = ""
+    name: str = ""
+    stage: str = ""
 
     def __post_init__(self):
         if self.target not in ("gpu", "cpu") or self.arrays not in ("host", "device"):
@@ -67,6 +102,22 @@ class Variant:
         bad = [k for k, fn in self.impls.items() if not callable(fn)]
         if bad:
             raise TypeError(f"Variant: the functions for {', '.join(bad)} are not callable")
+
+    @property
+    def label(self) -> str:
+        return label(self.stage, self.name or "variant")
+
+
+def variants(stage: str, named: dict[str, Variant]) -> dict[str, Variant]:
+    """A stage's VARIANTS: each Variant stamped with its stage number and its name (the dict key)."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    out = {}
+    for name, v in named.items():
+        if not isinstance(v, Variant):
+            raise TypeError(f"VARIANTS[{name!r}] is a {type(v).__name__}, not a labkit.Variant")
+        out[name] = replace(v, name=name, stage=stage)
+    return out
 
 
 def stage_of(path: str | Path) -> Stage | None:
@@ -77,27 +128,31 @@ def stage_of(path: str | Path) -> Stage | None:
 def load_variants(path: str | Path) -> dict[str, Variant]:
     """Execute a notebook's kernel cells and return its ``VARIANTS``."""
     ns = nbcells.load(path)
-    variants = ns.get("VARIANTS")
-    if not isinstance(variants, dict) or not variants:
-        raise nbcells.NotebookError(f"{Path(path).name}: the kernel cells define no VARIANTS dict "
-                                    f"(name -> labkit.Variant); the last kernel cell of each stage defines it")
-    for name, v in variants.items():
+    found = ns.get("VARIANTS")
+    if not isinstance(found, dict) or not found:
+        raise nbcells.NotebookError(f"{Path(path).name}: the kernel cells define no VARIANTS dict (name -> "
+                                    f"labkit.Variant); the last kernel cell of each stage defines it")
+    for name, v in found.items():
         if not isinstance(v, Variant):
             raise nbcells.NotebookError(f"{Path(path).name}: VARIANTS[{name!r}] is a {type(v).__name__}, "
                                         f"not a labkit.Variant")
-    return variants
+    return found
 
 
-def check_variant(variant: Variant, net: str | Net, quiet: bool = False,
-                  batches: tuple[int, ...] | None = None) -> list[CheckResult]:
-    """Check every function of a variant on the layers it computes (fresh inputs, several batch sizes;
-    ``batches`` overrides the sizes ``check_layer`` picks)."""
-    net = get_net(net)
-    results = []
-    for layer in net.layers:
-        fn = impl_for(variant.impls, layer)
-        if fn is None or layer.kind == "flatten":
-            continue
-        results.append(check_layer(fn, net, layer.name, target=variant.target, arrays=variant.arrays,
-                                   quiet=quiet, batches=batches))
-    return results
+_given: dict = {}
+
+
+def from_stage(number: str) -> types.SimpleNamespace:
+    """The kernel cells of the kit's solution of stage ``number``, as a namespace: given code for later stages
+    (``s02 = lk.from_stage("02"); s02.conv_thread_per_output``). Loaded once per process."""
+    if number not in STAGES:
+        raise ValueError(f"unknown stage {number!r}; stages are {', '.join(STAGES)}")
+    path = solutions_folder() / STAGES[number].notebook
+    key = (str(path), path.stat().st_mtime if path.exists() else None)
+    if key not in _given:
+        if not path.exists():
+            raise nbcells.NotebookError(f"the kit's solution of stage {number} is missing ({path}): later stages "
+                                        f"take their given code from it")
+        ns = nbcells.load(path)
+        _given[key] = types.SimpleNamespace(**{k: v for k, v in ns.items() if not k.startswith("__")})
+    return _given[key]

@@ -1,22 +1,20 @@
-"""Workloads: which network, weights and images a stage runs on, chosen for the machine at hand.
+"""Workloads: which network, weights and images a run uses, chosen for the machine at hand.
 
-On a GPU (or for CPU code) a workload is the real network with the kit's trained weights and real images.
-GPU kernels under the CUDA simulator get a shrunk network, random weights and two synthetic images, because
-every simulated thread runs as Python. Every choice is stated in ``note`` and printed, never hidden.
+On a GPU (or for CPU code) a workload is the real network with the kit's trained weights and real images. GPU
+kernels under the CUDA simulator get the simulator's shrunk network (``labkit.simulator``), random weights and a
+couple of synthetic images, because every simulated thread runs as Python. Every choice is stated in ``note`` and
+printed, never hidden.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import data
-from .nets import Net, get_net, load_weights, random_weights
-
-QUICK_CPU_IMAGES = 64  # LABKIT_QUICK=1 (set by the test suite): CPU stages use at most this many images
-SIM_IMAGES = 2
+from . import data, simulator
+from .nets import Net, get_net
+from .weights_io import load_weights, random_weights
 
 
 @dataclass
@@ -33,12 +31,14 @@ class Workload:
     def images(self) -> int:
         return len(self.x)
 
+    def first(self, n: int) -> Workload:
+        """The same workload on its first ``n`` images."""
+        labels = None if self.labels is None else self.labels[:n]
+        return Workload(self.net, self.weights, self.x[:n], labels, self.simulated, self.synthetic,
+                        f"{self.note} (first {min(n, self.images)})")
+
     def __str__(self) -> str:
         return self.note
-
-
-def quick() -> bool:
-    return os.environ.get("LABKIT_QUICK", "") not in ("", "0")
 
 
 def workload(net: str | Net, images: int | None = None, *, target: str = "gpu", weights=None,
@@ -50,26 +50,19 @@ def workload(net: str | Net, images: int | None = None, *, target: str = "gpu", 
     ``tile``: when fewer images exist than asked for (a partial copy of the data), repeat the ones there are,
     and say so: timing needs the count, accuracy is then over repeated images.
     """
-    from .device import info
-
     net = get_net(net)
     images = images or net.default_images
+    if images < 1:
+        raise ValueError(f"asked for {images} images; ask for at least 1")
     if target not in ("gpu", "cpu"):
         raise ValueError(f"target must be 'gpu' or 'cpu', not {target!r}")
-    sim = info().simulated
-    if target == "gpu" and sim:
-        from .check import check_net
-
-        small = check_net(net)
-        n = min(images, SIM_IMAGES)
-        w = random_weights(small, seed=0)
-        x = data.to_input(net, data.synthetic(net, n).images) if net.dataset == "cifar10" else None
-        if x is None or x.shape[1:] != small.input_shape:
-            x = np.random.default_rng(0).uniform(0, 1, (n, *small.input_shape)).astype(np.float32)
+    n = simulator.images(images, target)
+    if simulator.shrinks(target):
+        small = simulator.net(net)
+        x = np.random.default_rng(0).uniform(-0.5, 0.5, (n, *small.input_shape)).astype(np.float32)
         note = (f"simulated: {small.name} (input {'x'.join(map(str, small.input_shape))}, random weights), {n} "
                 f"synthetic images instead of {images} (the CUDA simulator runs every thread in Python)")
-        return _announce(Workload(small, w, x, None, True, True, note), quiet)
-    n = min(images, QUICK_CPU_IMAGES) if quick() and target == "cpu" else images
+        return _announce(Workload(small, random_weights(small, seed=0), x, None, True, True, note), quiet)
     w = weights if isinstance(weights, dict) else load_weights(net, weights)
     try:
         try:
@@ -89,12 +82,11 @@ def workload(net: str | Net, images: int | None = None, *, target: str = "gpu", 
     except data.DataNotFound as exc:
         if not allow_synthetic:
             raise
-        stored = data.synthetic(net, n)
-        x, labels, synthetic = data.to_input(net, stored), None, True
+        x, labels, synthetic = data.to_input(net, data.synthetic(net, n)), None, True
         note = f"{net.name}: {n} SYNTHETIC images (no data: {exc})"
     if n != images:
         note += f" (LABKIT_QUICK: {n} instead of {images})"
-    return _announce(Workload(net, w, x, labels, sim and target == "gpu", synthetic, note), quiet)
+    return _announce(Workload(net, w, x, labels, False, synthetic, note), quiet)
 
 
 def _announce(wl: Workload, quiet: bool) -> Workload:

@@ -1,0 +1,199 @@
+"""THE forward engine: the one place that runs a network layer by layer from a ``Variant``.
+
+It puts the inputs and weights where the variant wants them (host, or the GPU once per run), allocates every
+layer's output outside the timed region (device outputs come from a pool, so a timing never includes
+``cudaMalloc``), fills outputs *and intermediates* with NaN when checking, times each layer with a ``Clock``
+(CUDA events for GPU code on a GPU, ``perf_counter`` otherwise), runs layers without a function on the numpy
+reference, launches per image when the variant says so, and records to the ledger when asked. The self-checks,
+``lk.run``, the bench and the grader's child all call it; nothing else walks the layers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from . import gpu, layers, reference
+from .ledger import Ledger
+from .nets import Layer, Net
+from .report import RunReport, format_report, format_throughput
+from .stages import REFERENCE_LABEL, Variant
+from .timing import Clock
+from .workloads import Workload
+
+
+@dataclass
+class NetRun:
+    """One timed forward pass (or the medians of several): the report, the class probabilities, the predictions."""
+
+    report: RunReport
+    probs: np.ndarray
+    predictions: np.ndarray
+
+    def __str__(self) -> str:
+        return format_report(self.report) + "\n\n" + format_throughput(self.report)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class _NoClock:
+    def section(self, name):
+        return nullcontext()
+
+
+def as_variant(impls) -> Variant:
+    """A Variant from a Variant, a dict (layer name or kind -> host function) or None (the numpy reference)."""
+    if isinstance(impls, Variant):
+        return impls
+    if impls is None:
+        return Variant(impls={}, target="cpu", name=REFERENCE_LABEL)
+    if isinstance(impls, dict):
+        return Variant(impls=dict(impls), target="cpu", name="functions")
+    raise TypeError(f"expected a labkit.Variant, a dict of layer functions or None, not {type(impls).__name__}")
+
+
+@dataclass
+class Prepared:
+    """Inputs and weights where a variant's functions expect them (numpy, or device arrays)."""
+
+    x: object
+    weights: dict
+
+    def first(self, n: int) -> Prepared:
+        return Prepared(self.x[:n], self.weights)
+
+
+def _missing(net: Net, variant: Variant) -> list[str]:
+    return [ly.name for ly in layers.kernel_layers(net) if layers.impl_for(variant.impls, ly) is None]
+
+
+def prepare(net: Net, variant: Variant, x: np.ndarray, weights: dict) -> Prepared:
+    """Copy the inputs and the weights to the GPU once for a device variant (zero biases added where the spec
+    has none); host variants get them as they are."""
+    weights = layers.with_biases(layers.kernel_layers(net), weights)
+    if variant.arrays == "host":
+        return Prepared(x, weights)
+    missing = _missing(net, variant)
+    if missing:
+        raise ValueError(f"arrays='device' keeps the data on the GPU, so every layer needs a function; missing: "
+                         f"{', '.join(missing)}")
+    return Prepared(gpu.to_device(x, name="input"), {k: gpu.to_device(v, name=k) for k, v in weights.items()})
+
+
+def _output(variant: Variant, layer: Layer, y, weights: dict, check: bool):
+    shape = layers.output_shape(layer, y.shape, weights)
+    if variant.arrays == "device":
+        return gpu.DEVICE.get(f"engine {layer.name}", shape)  # poisoned by the pool while checking
+    return np.full(shape, np.nan, np.float32) if check else np.empty(shape, np.float32)
+
+
+def _layers(net: Net, variant: Variant, x, weights: dict, clock, check: bool):
+    y = x
+    for layer in net.layers:
+        if layer.kind == "flatten":
+            y = y.reshape(y.shape[0], int(np.prod(y.shape[1:])))
+            continue
+        fn = layers.impl_for(variant.impls, layer)
+        if fn is None:  # host arrays only (prepare refuses device variants with gaps)
+            with clock.section(layer.name):
+                y = reference.layer_forward(layer, y, weights).astype(np.float32, copy=False)
+            continue
+        out = _output(variant, layer, y, weights, check)
+        with clock.section(layer.name):
+            fn(*layers.args(layer, y, weights, out))
+        y = out
+    return y
+
+
+def forward(net: Net, variant: Variant, prepared: Prepared, *, clock=None, check: bool = False) -> np.ndarray:
+    """One pass over the whole batch (or image by image for a per-image variant); the output on the host.
+
+    ``check=True`` poisons every output and intermediate with NaN first (and every pooled buffer the functions
+    take), so a layer that skips elements, or an image, cannot pass on what an earlier run left behind."""
+    clock = clock or _NoClock()
+    with gpu.poisoned() if check else nullcontext():
+        if variant.per_image:  # each image's output is downloaded before the next reuses the pooled buffers
+            return np.concatenate([_download(_layers(net, variant, prepared.x[i:i + 1], prepared.weights, clock,
+                                                     check)) for i in range(prepared.x.shape[0])])
+        return _download(_layers(net, variant, prepared.x, prepared.weights, clock, check))
+
+
+def _download(y) -> np.ndarray:
+    return y if isinstance(y, np.ndarray) else gpu.to_host(y, name="output")
+
+
+def call_layer(fn, layer: Layer, x: np.ndarray, weights: dict, arrays: str = "host") -> np.ndarray:
+    """Call one layer function the way the engine does, on a NaN-poisoned output; the output on the host.
+    Whatever the function raises comes through."""
+    weights = layers.with_biases([layer], weights)
+    shape = layers.output_shape(layer, x.shape, weights)
+    out = np.full(shape, np.nan, np.float32)
+    with gpu.poisoned():
+        if arrays == "device":
+            xd, wd = gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}
+            outd = gpu.to_device(out)
+            fn(*layers.args(layer, xd, wd, outd))
+            return gpu.as_host(outd)
+        fn(*layers.args(layer, x.copy(), {k: v.copy() for k, v in weights.items()}, out))
+    return out
+
+
+def clock_method(variant: Variant) -> str:
+    """CPU code (and the numpy reference) is timed with perf_counter even on a GPU machine: wall time, not events."""
+    return "perf_counter" if variant.target == "cpu" or not variant.impls else "auto"
+
+
+def time_passes(net: Net, variant: Variant, prepared: Prepared, repeat: int, warmup: bool = True,
+                clock_factory=None) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """Warm up on one image (compiles every function), then ``repeat`` timed passes; per-layer seconds of each."""
+    make_clock = clock_factory or (lambda: Clock(clock_method(variant)))
+    if warmup:
+        forward(net, variant, prepared.first(1))
+    passes, probs = [], None
+    for _ in range(repeat):
+        clock = make_clock()
+        probs = forward(net, variant, prepared, clock=clock)
+        passes.append(clock.seconds())
+    return probs, passes
+
+
+def median_seconds(passes: list[dict[str, float]]) -> dict[str, float]:
+    return {name: statistics.median(p[name] for p in passes) for name in passes[0]}
+
+
+def run(wl: Workload, variant=None, *, per_image: bool | None = None, arrays: str | None = None,
+        label: str | None = None, warmup: bool = True, repeat: int = 1, quiet: bool = False,
+        record: bool | Ledger = False, command: str | None = None) -> NetRun:
+    """Time the forward pass of ``wl`` with ``variant`` (a ``labkit.Variant``, a dict of layer functions, or None
+    for the numpy reference) and print the report in the network's format with its throughput.
+
+    ``repeat`` timed passes after a warm-up on one image: the report holds the per-layer medians and the range of
+    the totals. ``per_image`` and ``arrays`` override the variant's. ``record=True`` appends the report to the
+    results ledger (or to the ``Ledger`` given)."""
+    v = as_variant(variant)
+    if per_image is not None or arrays is not None:
+        v = replace(v, per_image=v.per_image if per_image is None else per_image, arrays=arrays or v.arrays)
+    if repeat < 1:
+        raise ValueError(f"run: repeat must be at least 1, got {repeat}")
+    prepared = prepare(wl.net, v, wl.x, wl.weights)
+    probs, passes = time_passes(wl.net, v, prepared, repeat, warmup)
+    totals = [sum(p.values()) for p in passes]
+    predictions = reference.predict(probs)
+    acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
+    from .device import label as device_label
+    from .timing import resolve_method
+
+    report = RunReport(net=wl.net.name, images=wl.images, layer_seconds=median_seconds(passes),
+                       accuracy=acc, device=device_label(), simulated=wl.simulated, synthetic=wl.synthetic,
+                       stage=label or v.label, method=resolve_method(clock_method(v)), runs=repeat,
+                       total_range=(min(totals), max(totals)))
+    result = NetRun(report, probs, predictions)
+    if record:
+        (record if isinstance(record, Ledger) else Ledger()).record(report, command=command)
+    if not quiet:
+        print(result)
+    return result

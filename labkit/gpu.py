@@ -1,0 +1,337 @@
+"""The GPU plumbing every stage shares: launch configuration, copies, a buffer pool, a guard on managed memory,
+and the record of what happened (launches, copies, bytes) that ``labkit.profile`` and the counts tables read.
+
+Notebooks launch with ``launch(kernel, threads, *args)`` (enough blocks of ``TPB`` threads to cover ``threads``)
+or ``launch_grid(kernel, grid, block, *args)``, and copy with ``to_device`` / ``to_host``: every launch and copy
+then counts, and is timed when a ``labkit.Profiler`` records. Buffers come from ``buffer(role, shape)`` (device
+memory) or ``managed_buffer(role, shape)`` (unified memory): allocated once per role and shape and handed back on
+every later call, because ``cudaMalloc`` has a cost of its own that a timing should not include. While a check runs
+(``poisoned()``), every buffer handed out is filled with NaN first, so a kernel that skips elements is caught even
+in its intermediates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .layers import OUT_AT
+
+TPB = 128  # threads per block of a 1-D launch: a multiple of the warp size, small enough for any kernel here
+
+
+# ------------------------------------------------------------------------------------------- recording
+
+_recorders: list = []  # objects with activity(name, kind, nbytes) -> context manager
+
+
+@contextmanager
+def recording(recorder):
+    """Send every launch and copy made inside the block to ``recorder`` (a ``Counts`` or a ``labkit.Profiler``)."""
+    _recorders.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _recorders.remove(recorder)
+
+
+def _recorded(kind: str, name: str, nbytes: int, call: Callable, **info):
+    if not _recorders:
+        return call()
+    with ExitStack() as stack:
+        for r in list(_recorders):
+            stack.enter_context(r.activity(name, kind, nbytes, **info))
+        return call()
+
+
+@dataclass
+class Counts:
+    """Launches and copies counted while ``counting()`` is active: the quantities stage 04 is about."""
+
+    launches: int = 0
+    blocks: int = 0
+    threads: int = 0
+    htod: int = 0
+    dtoh: int = 0
+    htod_bytes: int = 0
+    dtoh_bytes: int = 0
+    kernels: Counter = field(default_factory=Counter)
+
+    @contextmanager
+    def activity(self, name: str, kind: str, nbytes: int = 0, blocks: int = 0, threads: int = 0):
+        if kind == "kernel":
+            self.launches += 1
+            self.blocks += blocks
+            self.threads += threads
+            self.kernels[name] += 1
+        elif kind == "HtoD":
+            self.htod += 1
+            self.htod_bytes += nbytes
+        elif kind == "DtoH":
+            self.dtoh += 1
+            self.dtoh_bytes += nbytes
+        yield
+
+    @property
+    def copies(self) -> int:
+        return self.htod + self.dtoh
+
+
+@contextmanager
+def counting():
+    """``with counting() as c: ...`` then ``c.launches``, ``c.htod``, ``c.dtoh``, ``c.htod_bytes`` ..."""
+    with recording(Counts()) as counts:
+        yield counts
+
+
+# -------------------------------------------------------------------------------------------- launching
+
+
+def blocks(n: int, block: int = TPB) -> int:
+    """Blocks of ``block`` threads that cover ``n`` threads (the last one may have spare threads)."""
+    return max(1, math.ceil(int(n) / int(block)))
+
+
+def kernel_name(kernel) -> str:
+    return getattr(getattr(kernel, "py_func", kernel), "__name__", "kernel")
+
+
+def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
+    """``kernel[grid, block](*args)`` (``shared_bytes`` of dynamic shared memory), counted and recorded."""
+    config = (grid, block) if not shared_bytes else (grid, block, 0, shared_bytes)
+    n_blocks, per_block = math.prod(_dims(grid)), math.prod(_dims(block))
+    return _recorded("kernel", kernel_name(kernel), 0, lambda: kernel[config](*args), blocks=n_blocks,
+                     threads=n_blocks * per_block)
+
+
+def _dims(d) -> tuple[int, ...]:
+    return tuple(int(v) for v in d) if isinstance(d, tuple | list) else (int(d),)
+
+
+def launch(kernel, threads, *args, block=TPB, shared_bytes: int = 0):
+    """Launch at least ``threads`` threads in blocks of ``block``: an int for a 1-D grid, or a tuple with one
+    entry per dimension (then ``block`` is a tuple too). The kernel must ignore the spare threads."""
+    if isinstance(threads, tuple):
+        grid = tuple(blocks(t, b) for t, b in zip(threads, block))
+    else:
+        grid = blocks(threads, block)
+    return launch_grid(kernel, grid, block, *args, shared_bytes=shared_bytes)
+
+
+_device_functions: dict = {}
+
+
+def device_function(fn):
+    """The CUDA device-function version of a plain or ``@njit`` Python function, compiled once: write the
+    arithmetic of one output element once, and call it from CPU loops and from GPU kernels alike."""
+    py = getattr(fn, "py_func", fn)
+    if py not in _device_functions:
+        from numba import cuda
+
+        _device_functions[py] = cuda.jit(device=True)(py)
+    return _device_functions[py]
+
+
+# ---------------------------------------------------------------------------------------------- copies
+
+
+def to_device(host, to=None, name: str = ""):
+    """Host -> device copy: a new device array, or into the device array ``to``. Counted and recorded."""
+    from numba import cuda
+
+    host = np.ascontiguousarray(host)
+    label = "[CUDA memcpy HtoD]" + (f" {name}" if name else "")
+    if to is not None:
+        return _recorded("HtoD", label, host.nbytes, lambda: (to.copy_to_device(host), to)[1])
+    return _recorded("HtoD", label, host.nbytes, lambda: cuda.to_device(host))
+
+
+def to_host(device_array, out=None, name: str = ""):
+    """Device -> host copy: a new numpy array, or into ``out``. Waits for the kernels queued before it."""
+    label = "[CUDA memcpy DtoH]" + (f" {name}" if name else "")
+    if out is not None:
+        return _recorded("DtoH", label, device_array.nbytes, lambda: device_array.copy_to_host(out))
+    return _recorded("DtoH", label, device_array.nbytes, lambda: device_array.copy_to_host())
+
+
+def flat(a):
+    """A 1-D view of a device, managed or host array, for kernels that work element by element. (numpy's
+    reshape of a managed array makes a view numba cannot launch on; this one can.)"""
+    if hasattr(a, "gpu_data") and isinstance(a, np.ndarray):  # numba's ManagedNDArray
+        from numba import cuda
+
+        iface = dict(a.__cuda_array_interface__, shape=(a.size,), strides=None)
+        return cuda.from_cuda_array_interface(iface, owner=a, sync=False)
+    return a.reshape(a.size)
+
+
+def as_host(a) -> np.ndarray:
+    """A numpy array from a numpy, numba device or cupy array (not recorded: for checks and results)."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host()
+    return a.get()
+
+
+def synchronize() -> None:
+    """Wait for all queued GPU work (numba, and cupy if loaded); nothing to wait for without a GPU."""
+    from . import device
+
+    if device.info().kind != "gpu":
+        return
+    import sys
+
+    from numba import cuda
+
+    cuda.synchronize()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            cupy.cuda.Device().synchronize()
+        except Exception:  # noqa: BLE001 - a cupy without a usable device has nothing queued
+            pass
+
+
+def with_copies(fn: Callable, kind: str) -> Callable:
+    """A layer function written for device arrays -> the same layer on host (numpy) arrays, the way a first GPU
+    port works: every call copies each input array in (weights too), allocates its output on the device, runs,
+    and copies the output back into the caller's ``out``."""
+    out_at = OUT_AT[kind]
+
+    def on_host_arrays(*args):
+        from numba import cuda
+
+        dev = [to_device(a) if isinstance(a, np.ndarray) and k != out_at else a for k, a in enumerate(args)]
+        dev[out_at] = cuda.device_array(args[out_at].shape, np.float32)
+        fn(*dev)
+        to_host(dev[out_at], out=args[out_at])
+
+    on_host_arrays.__name__ = f"{getattr(fn, '__name__', kind)}_with_copies"
+    on_host_arrays.device_fn = fn
+    return on_host_arrays
+
+
+# ---------------------------------------------------------------------------------------------- buffers
+
+_poison = [0]
+
+
+@contextmanager
+def poisoned():
+    """Inside the block every buffer handed out (and every engine intermediate) is filled with NaN first."""
+    _poison[0] += 1
+    try:
+        yield
+    finally:
+        _poison[0] -= 1
+
+
+def poisoning() -> bool:
+    return _poison[0] > 0
+
+
+def poison(array) -> None:
+    """Fill a host, managed or device array with NaN (floats) or 0xFF bytes (integers)."""
+    value = np.nan if np.issubdtype(np.dtype(array.dtype), np.floating) else np.iinfo(array.dtype).max
+    if isinstance(array, np.ndarray):
+        array[...] = value
+    else:
+        array.copy_to_device(np.full(array.shape, value, array.dtype))
+
+
+def free_memory() -> int | None:
+    """Free GPU memory in bytes, or None without a GPU."""
+    from . import device
+
+    if device.info().kind != "gpu":
+        return None
+    from numba import cuda
+
+    return int(cuda.current_context().get_memory_info()[0])
+
+
+class BufferPool:
+    """Arrays by (role, shape, dtype), allocated on first use and reused, with a guard: the pool never holds more
+    than ``share`` of the GPU memory that was free when it started, and refuses one clear way (MemoryError) if one
+    buffer alone would need more. For managed memory that guard matters most: a program that asks for more
+    managed memory than the card has can hang the GPU, not only itself."""
+
+    def __init__(self, managed: bool = False, share: float = 0.9):
+        self.managed, self.share = managed, share
+        self._arrays: dict = {}
+        self.held = 0
+        self.limit: float | None = None
+
+    def get(self, role: str, shape, dtype=np.float32):
+        shape = tuple(int(s) for s in (shape if isinstance(shape, tuple | list) else (shape,)))
+        key = (role, shape, np.dtype(dtype).str)
+        array = self._arrays.get(key)
+        if array is None:
+            array = self._allocate(role, shape, np.dtype(dtype))
+            self._arrays[key] = array
+        if poisoning():
+            poison(array)
+        return array
+
+    def _allocate(self, role: str, shape: tuple, dtype: np.dtype):
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        free = free_memory()
+        if free is not None:
+            if self.limit is None:
+                self.limit = self.share * free
+            if self.held + nbytes > self.limit:
+                self.release()  # a cache, not a hoard: start again before asking for more
+                self.limit = self.share * free_memory()
+                if nbytes > self.limit:
+                    kind = "managed" if self.managed else "device"
+                    raise MemoryError(f"{role} {shape} needs {nbytes / 1e9:.2f} GB of {kind} memory, more than "
+                                      f"{self.share:.0%} of the {self.limit / self.share / 1e9:.2f} GB the GPU has "
+                                      f"free: run fewer images per call")
+        from numba import cuda
+
+        if not self.managed:
+            array = cuda.device_array(shape, dtype)
+        elif free is not None:
+            array = cuda.managed_array(shape, dtype)
+        else:  # the simulator has no unified memory: a numpy array it copies in and out at every launch
+            array = np.empty(shape, dtype)
+        self.held += nbytes
+        return array
+
+    def release(self) -> None:
+        """Drop every buffer and give its memory back now."""
+        self._arrays.clear()
+        self.held = 0
+        self.limit = None
+        if free_memory() is not None:
+            from numba import cuda
+
+            cuda.current_context().deallocations.clear()
+
+
+DEVICE = BufferPool(managed=False, share=0.9)
+MANAGED = BufferPool(managed=True, share=0.5)
+
+
+def buffer(role: str, shape, dtype=np.float32):
+    """A device array for ``role``, allocated once per shape and reused by every later call."""
+    return DEVICE.get(role, shape, dtype)
+
+
+def managed_buffer(role: str, shape, dtype=np.float32):
+    """A managed (unified-memory) array: one address valid on the host and on the GPU, pages moved on demand.
+    Allocated once per role and shape; never more than half of the GPU's free memory in all. On the simulator,
+    which has no unified memory, a numpy array."""
+    return MANAGED.get(role, shape, dtype)
+
+
+def release_buffers() -> None:
+    """Give back every pooled buffer, device and managed."""
+    DEVICE.release()
+    MANAGED.release()

@@ -1,0 +1,133 @@
+"""What the kit measured on real GPUs: the committed results under ``results/``, and one renderer for them.
+
+Each folder ``results/<device>-<date>/`` holds the ledger of one or more ``labkit bench`` calls (``ledger*.jsonl``)
+and a ``meta.json`` with the device, date and commands. Notebooks, the README and docs quote those figures only
+through this module, so every number they show comes from a run that can be named; on a machine without a GPU the
+plots of a stage are drawn from here, labelled with the device and date.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .ledger import Ledger, repo_root
+from .report import RunReport
+from .stages import REFERENCE_LABEL, order_key, speedup_baseline
+
+RESULTS = repo_root() / "results"
+
+
+@dataclass
+class Results:
+    """One committed results folder: its runs and what produced them."""
+
+    folder: Path
+    meta: dict
+    reports: list[RunReport]
+
+    @property
+    def device(self) -> str:
+        return self.meta.get("device") or (self.reports[0].device if self.reports else "?")
+
+    @property
+    def date(self) -> str:
+        return str(self.meta.get("date", "?"))[:10]
+
+    @property
+    def where(self) -> str:
+        """The folder as the repository names it."""
+        try:
+            return self.folder.relative_to(repo_root()).as_posix()
+        except ValueError:
+            return self.folder.name
+
+    def runs(self, stage: str | None = None, net: str | None = None, images: int | None = None) -> list[RunReport]:
+        """The runs of one stage (labels "NN ..."), or every run, on one net and image count; newest of each
+        label, in course order."""
+        newest: dict[tuple, RunReport] = {}
+        for rep in self.reports:
+            if stage is not None and not (rep.stage or "").startswith(f"{stage} "):
+                continue
+            if (net is not None and rep.net != net) or (images is not None and rep.images != images):
+                continue
+            newest.pop((rep.stage, rep.net, rep.images), None)
+            newest[(rep.stage, rep.net, rep.images)] = rep
+        return sorted(newest.values(), key=lambda r: order_key(r.stage))
+
+    def baselines(self, net: str, images: int) -> list[RunReport]:
+        """The numpy reference and library runs (cuDNN, cuBLAS) on the same workload."""
+        return [r for r in self.runs(net=net, images=images) if order_key(r.stage)[0] == 1]
+
+
+def load(folder: str | Path) -> Results:
+    folder = Path(folder)
+    meta_path = folder / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    ledgers = [Ledger(path) for path in sorted(folder.glob("ledger*.jsonl"))]
+    reports = [rep for ledger in ledgers for rep in ledger.reports()]
+    if "date" not in meta:  # the date of the first recorded run
+        meta["date"] = next((row["date"] for ledger in ledgers for row in ledger.read()), "?")
+    return Results(folder, meta, [r for r in reports if not r.simulated])
+
+
+def all_results(root: Path = RESULTS) -> list[Results]:
+    """Every committed results folder with GPU runs, newest first."""
+    found = [load(p) for p in sorted(root.glob("*/")) if any(p.glob("ledger*.jsonl"))]
+    return sorted([r for r in found if r.reports], key=lambda r: r.date, reverse=True)
+
+
+def latest(stage: str | None = None, root: Path = RESULTS) -> Results | None:
+    """The newest committed results that hold runs of ``stage`` (any, if None)."""
+    for res in all_results(root):
+        if stage is None or res.runs(stage):
+            return res
+    return None
+
+
+def table(reports: list[RunReport], baseline: RunReport | None = None) -> str:
+    """One line per run: total and conv seconds, conv GFLOP/s, speedup over the baseline, accuracy."""
+    base = baseline or next((r for r in reports if r.stage == speedup_baseline([x.stage for x in reports])), None)
+    lines = [f"{'run':<30}{'net':>9}{'images':>7}{'total s':>12}{'conv s':>12}{'conv GF/s':>10}"
+             f"{'speedup':>9}{'accuracy':>9}"]
+    for r in reports:
+        conv = r.by_kind().get("conv", 0.0)
+        flops = sum(t["flops"] for t in r.throughput().values() if t["kind"] == "conv")
+        gf = f"{flops / conv / 1e9:.1f}" if conv > 0 else "-"
+        speed = f"{base.total / r.total:.1f}x" if base is not None and r.total > 0 else "-"
+        acc = "n/a" if r.accuracy is None else f"{100 * r.accuracy:.2f}"
+        lines.append(f"{r.stage or '?':<30}{r.net:>9}{r.images:>7}{r.total:>12.6f}{conv:>12.6f}{gf:>10}{speed:>9}"
+                     f"{acc:>9}")
+    return "\n".join(lines)
+
+
+def ratio(res: Results, a: str, b: str, net: str, images: int) -> float | None:
+    """Total time of run ``a`` over run ``b`` (labels) on one workload, or None if either is missing."""
+    runs = {r.stage: r for r in res.runs(net=net, images=images)}
+    if a in runs and b in runs and runs[b].total > 0:
+        return runs[a].total / runs[b].total
+    return None
+
+
+def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RESULTS) -> Results | None:
+    """Print what the kit measured for ``stage`` on a real GPU: per workload, the stage's runs beside the numpy
+    reference and the libraries, and the ratios asked for in ``compare`` ((run a, run b) labels: "a takes x times
+    b's time"). Says so when nothing is committed yet."""
+    res = latest(stage, root)
+    if res is None:
+        print(f"No committed GPU results for stage {stage} yet (results/ has none): run `labkit bench --stages "
+              f"{stage}` on a GPU machine (docs/gpu.md).")
+        return None
+    print(f"Measured by the kit: {res.device}, {res.date}, {res.where}/ (its README gives the commands)")
+    workloads = sorted({(r.net, r.images) for r in res.runs(stage)})
+    for net, images in workloads:
+        runs = res.runs(stage, net, images) + res.baselines(net, images)
+        print()
+        print(table(runs, next((r for r in runs if r.stage == REFERENCE_LABEL), None)))
+    for a, b in compare:
+        found = [(net, images, ratio(res, a, b, net, images)) for net, images in workloads]
+        found = [f"{x:.2f}x at {images} {net} images" for net, images, x in found if x is not None]
+        if found:
+            print(f"\n{a} takes {', '.join(found)} the time of {b}")
+    return res

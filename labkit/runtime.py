@@ -1,0 +1,38 @@
+"""Process-wide settings labkit applies once, at import, so no notebook has to.
+
+- numba's OpenMP threads otherwise spin-wait between parallel regions, which starves every other process on a
+  shared laptop or CI core (a ``prange`` stage then looks many times slower than it is): they sleep instead.
+  This must be set before numba starts its thread pool, so it is set when labkit is imported.
+- numba's low-occupancy warnings fire on every small launch (one image, a tiny simulated grid) and bury the
+  self-check lines; occupancy is taught with measurements instead. Its note that ``parallel=True`` found nothing
+  to parallelize is shown once per function (stage 02 asks the student to read it), not on every call.
+- Under the CUDA simulator, Python's thread switch interval is shortened: simulated threads hand the interpreter
+  over at every barrier.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+_applied = False
+
+
+def apply() -> None:
+    """Apply the settings (idempotent)."""
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    from numba.core.errors import NumbaPerformanceWarning
+
+    warnings.simplefilter("ignore", NumbaPerformanceWarning)
+    warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization")
+    warnings.filterwarnings("once", message=r"(?s).*parallel=True")
+    from . import simulator
+    from .device import simulator_requested
+
+    if simulator_requested():
+        sys.setswitchinterval(simulator.SWITCH_INTERVAL)
