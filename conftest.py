@@ -14,9 +14,6 @@ if os.environ.get("LABKIT_TEST_GPU") != "1":
         sys.modules["numba.core.config"].reload_config()
 
 REPO = Path(__file__).resolve().parent
-SHARED_DATA = REPO.parent / "shared" / "datasets"
-if not os.environ.get("LABKIT_DATA") and SHARED_DATA.is_dir():
-    os.environ["LABKIT_DATA"] = str(SHARED_DATA)
 
 # Tests and the notebooks nbval runs record timings in a ledger of their own, never in results/ledger.jsonl.
 if not os.environ.get("LABKIT_RESULTS"):
@@ -36,8 +33,9 @@ def _has(rel: str) -> bool:
 
 
 def _skip_reason(rel: str) -> str:
-    where = DATA_ROOT if DATA_ROOT else f"LABKIT_DATA (unset) or {SHARED_DATA} (absent)"
-    return f"real data {rel} not found under {where}; set LABKIT_DATA to a folder laid out like ../shared/datasets"
+    where = f"LABKIT_DATA={DATA_ROOT}" if DATA_ROOT else "LABKIT_DATA (unset)"
+    return (f"real data {rel} not found under {where}; point LABKIT_DATA at a folder with cifar-10-batches-bin/, "
+            f"fashion-mnist/ and cnn-cifar10-weights/ (labkit data fetch makes the first two)")
 
 
 @pytest.fixture(scope="session")

@@ -205,13 +205,13 @@ def describe_failure(exc: BaseException, name: str) -> str:
     return f"{name} raised {type(exc).__name__}: {' '.join(str(exc).split())}{where}"
 
 
-def _run_case(case: Case, call: Callable[[], np.ndarray], batch: int, tol: float) -> CheckResult:
+def _run_case(name: str, case: Case, call: Callable[[], np.ndarray], batch: int, tol: float) -> CheckResult:
     with gpu.counting() as counts:
         try:
             got = call()
         except Exception as exc:  # noqa: BLE001 - any student error becomes a FAIL line, not a traceback wall
-            return CheckResult(case.name, False, detail=describe_failure(exc, case.name))
-    return compare(case.name, got, case.expected, tol, batch=batch, launches=counts.launches)
+            return CheckResult(name, False, detail=describe_failure(exc, case.name))
+    return compare(name, got, case.expected, tol, batch=batch, launches=counts.launches)
 
 
 def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, quiet) -> CheckResult:
@@ -220,7 +220,7 @@ def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, q
     result = CheckResult(name, False, detail="no batch sizes to check")
     for n in batches:
         case = make_case(n, rng)
-        result = _run_case(case, lambda: call(case), n, tol)
+        result = _run_case(name, case, lambda: call(case), n, tol)
         result.seed = seed
         result.shapes = {"input": case.x.shape[1:]}
         if not result.passed:

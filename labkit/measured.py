@@ -131,3 +131,31 @@ def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RES
         if found:
             print(f"\n{a} takes {', '.join(found)} the time of {b}")
     return res
+
+
+README_BEGIN, README_END = "<!-- measured:begin -->", "<!-- measured:end -->"
+
+
+def readme_block(root: Path = RESULTS) -> str:
+    """The README's "measured so far" block: the fastest run of every stage on each net's default workload in the
+    newest committed results, beside the numpy reference and cuDNN. Rendered, never typed."""
+    res = latest(None, root)
+    if res is None:
+        body = "No GPU results are committed yet: `labkit bench` on a GPU machine makes them (docs/gpu.md)."
+        return f"{README_BEGIN}\n{body}\n{README_END}"
+    lines = [f"The kit's newest GPU results: {res.device}, {res.date}, in `{res.where}/` (its README gives the "
+             f"commands). The fastest run of each stage:", ""]
+    for net in sorted({r.net for r in res.reports}):
+        from .nets import get_net
+
+        images = get_net(net).default_images
+        runs = res.runs(net=net, images=images)
+        if not runs:
+            continue
+        best: dict[str, RunReport] = {}
+        for r in runs:
+            key = (r.stage or "").split(" ", 1)[0] if order_key(r.stage)[0] == 0 else r.stage
+            if key not in best or r.total < best[key].total:
+                best[key] = r
+        lines += [f"`{net}`, {images} images:", "", "```", table(list(best.values())), "```", ""]
+    return "\n".join([README_BEGIN, *lines, README_END])

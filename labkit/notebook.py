@@ -228,7 +228,15 @@ def parallel_diagnostics(fn, level: int = 1) -> None:
             return
     for warning in caught:
         print(f"{type(warning.message).__name__}: {str(warning.message).strip().splitlines()[0]}")
-    fn.parallel_diagnostics(level=level)
+    import contextlib
+    import io
+    import re
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        fn.parallel_diagnostics(level=level)
+    # a notebook cell's code lives in a temporary file named by the kernel: say where it really is
+    print(re.sub(r"\S*ipykernel_\d+[/\\]\d+\.py", "<this notebook>", text.getvalue()), end="")
 
 
 def counts(variant: Variant, wl: Workload):

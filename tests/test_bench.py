@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from labkit import bench, timing
+from labkit import bench
+from labkit.ledger import Ledger
 
 KERNELS = '''
 import numpy as np
@@ -95,7 +96,7 @@ def test_baseline_rows_and_files(benched):
     rows, out = benched
     ref = _row(rows, bench.REFERENCE_STAGE, 9)
     assert ref["predictions_equal"] is True and 0 <= ref["accuracy"] <= 1
-    ledger = timing.Ledger(out / "ledger.jsonl")
+    ledger = Ledger(out / "ledger.jsonl")
     stages = {r.stage for r in ledger.reports()}
     assert stages == {"05 ok", "05 per_image", bench.REFERENCE_STAGE}
     assert all(r["command"] == "pytest bench" for r in ledger.read())
@@ -107,7 +108,7 @@ def test_baseline_rows_and_files(benched):
     assert (out / "ladder_cifar10_9.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_table_speedups_are_over_the_first_timed_row():
+def test_table_speedups_are_over_the_first_timed_row_without_a_reference():
     rows = [{"stage": "a", "net": "cifar10", "images": 10, "checks": "PASS", "total_s": 2.0, "conv_s": 1.0,
              "accuracy": 0.5, "predictions_equal": True},
             {"stage": "b", "net": "cifar10", "images": 10, "checks": "FAIL", "skipped": "checks failed"},
@@ -124,8 +125,8 @@ def test_cli_bench_on_a_shipped_stage(tmp_path, cifar_root):
     from labkit.cli import main
 
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["bench", "--stages", "01", "--images", "3", "--out", str(out), "--repeat", "1",
-                                       "--no-baselines", "--skip", "nothing_matches"])
+    result = CliRunner().invoke(main, ["bench", "--stages", "01", "--nets", "cifar10", "--images", "3", "--out",
+                                       str(out), "--repeat", "1", "--no-baselines", "--skip", "nothing_matches"])
     assert result.exit_code == 0, result.output
     assert "01 serial" in result.output and "PASS" in result.output
     rows = json.loads((out / "bench.json").read_text())["rows"]

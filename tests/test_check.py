@@ -2,10 +2,13 @@
 
 import numpy as np
 import pytest
-from numba import cuda
 
 import labkit as lk
-from labkit import check
+from labkit import check, device, gpu, simulator
+
+from numba import cuda  # noqa: E402  (after labkit, which makes a late NUMBA_ENABLE_CUDASIM count)
+
+ON_GPU = device.is_gpu()
 
 
 def good_conv(x, w, b, out, pad, stride):
@@ -24,8 +27,7 @@ def _relu_kernel(x, out):
 
 
 def gpu_relu(x, out):  # device arrays in, device arrays out
-    n = x.size
-    _relu_kernel[(n + 63) // 64, 64](x, out)
+    gpu.launch(_relu_kernel, x.size, x, out, block=64)
 
 
 @pytest.mark.parametrize("net,layer", [("cifar10", "conv1"), ("cifar10", "conv3"), ("fashion", "conv2")])
@@ -53,10 +55,14 @@ def test_gpu_target_is_shrunk_under_the_simulator_with_distinct_channel_counts()
         seen.append((x.shape, w.shape))
         good_conv(x, w, b, out, pad, stride)
 
-    check.check_layer(spy, "cifar10", "conv2", quiet=True)
+    r = check.check_layer(spy, "cifar10", "conv2", quiet=True)
     (xs, ws), *_ = seen
-    assert xs[1] == ws[1] and ws[0] != ws[1], "M must differ from C so swapped indices fail"
-    assert xs[2] != xs[3], "non-square images catch swapped row/column indices"
+    if ON_GPU:  # a real GPU checks the real layer at the real batch sizes
+        assert (xs[1:], ws) == ((16, 16, 16), (20, 16, 5, 5)) and r.batches == check.BATCHES
+    else:
+        assert r.batches == simulator.BATCHES and any(b > 4 and b % 2 for b in r.batches)
+        assert xs[1] == ws[1] and ws[0] != ws[1], "M must differ from C so swapped indices fail"
+        assert xs[2] != xs[3], "non-square images catch swapped row/column indices"
 
 
 def test_inputs_are_fresh_on_every_call():
@@ -94,6 +100,25 @@ def test_a_kernel_that_writes_nothing_is_told_it_may_still_be_the_stub():
     assert not r.passed and "nothing was written" in r.detail and "TODO stub" in r.detail
 
 
+def test_a_kernel_launched_into_another_array_is_told_so():
+    def elsewhere(x, out):
+        tmp = cuda.device_array(out.shape, np.float32)
+        gpu_relu(x, tmp)
+
+    r = check.check_layer(elsewhere, "cifar10", "relu1", arrays="device", quiet=True)
+    assert not r.passed and "1 kernel launch ran" in r.detail and "another array" in r.detail
+    assert "TODO stub" not in r.detail
+
+
+def test_nhwc_values_written_into_an_nchw_out_get_the_layout_hint():
+    def nhwc(x, w, b, out, pad, stride):
+        y = lk.conv2d(x, w, b, pad, stride, accumulate="float64")
+        out.reshape(-1)[...] = y.transpose(0, 2, 3, 1).reshape(-1)
+
+    r = check.check_layer(nhwc, "cifar10", "conv2", target="cpu", batches=(2,), quiet=True)
+    assert not r.passed and "NHWC" in r.detail and "out[n, m, i, j]" in r.detail
+
+
 def test_off_by_one_halo_is_caught_with_the_first_wrong_element():
     def shifted(x, w, b, out, pad, stride):
         out[...] = lk.conv2d(np.roll(x, 1, axis=3), w, b, pad, stride)
@@ -121,11 +146,12 @@ def test_a_raising_function_gives_one_line_naming_the_error():
     assert "\n" not in str(r)
 
 
-def test_a_todo_stub_says_not_implemented():
+def test_a_todo_stub_says_not_implemented_and_names_the_function():
     def todo(x, out):
         raise NotImplementedError("replace this line with your code")
 
-    assert "not implemented yet" in str(check.check_layer(todo, "cifar10", "relu1", quiet=True))
+    line = str(check.check_layer(todo, "cifar10", "relu1", quiet=True))
+    assert "not implemented yet: todo() is still the TODO stub" in line
 
 
 def test_wrong_layout_and_dtype_get_clear_messages():
@@ -152,17 +178,23 @@ def test_host_kernel_that_forgets_to_copy_back_fails():
     assert not r.passed and "unwritten" in r.detail
 
 
-def test_check_network_on_the_shrunk_net():
-    def net_fn(x, weights, out):
-        out[...] = lk.forward(check.check_net("cifar10"), weights, x)
+def test_check_network_chains_the_layers_through_the_engine():
+    assert check.check_network(lk.Variant({"conv": good_conv}, target="cpu"), "cifar10", quiet=True).passed
 
-    r = check.check_network(net_fn, "cifar10", quiet=True)
-    assert r.passed, str(r)
+    def first_image_only(x, w, b, out, pad, stride):
+        out[:1] = lk.conv2d(x[:1], w, b, pad, stride)
 
-    def wrong(x, weights, out):
-        out[...] = 1.0 / out.shape[1]
+    r = check.check_network(lk.Variant({"conv": first_image_only}, target="cpu"), "cifar10", quiet=True)
+    assert not r.passed and "not finite at batch size 3" in r.detail
 
-    assert not check.check_network(wrong, "cifar10", quiet=True).passed
+
+def test_check_network_poisons_the_intermediates_a_layer_never_writes():
+    def no_conv2(x, w, b, out, pad, stride):
+        if w.shape[1] != 16:  # conv2 is the only layer with 16 input maps: it leaves its output alone
+            good_conv(x, w, b, out, pad, stride)
+
+    r = check.check_network(lk.Variant({"conv": no_conv2}, target="cpu"), "cifar10", batches=(1,), quiet=True)
+    assert not r.passed and "not finite at batch size 1" in r.detail
 
 
 def test_not_callable_and_flatten_are_refused():
@@ -183,5 +215,24 @@ def test_check_variant_checks_each_layer_it_computes_at_the_batches_asked():
 
     variant = lk.Variant({"conv": spy, "relu": good_relu}, target="cpu")
     results = lk.check_variant(variant, "cifar10", quiet=True, batches=(1, 3))
-    assert [r.name for r in results] == ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3"]
-    assert all(r.passed for r in results) and seen == [1, 3] * 3
+    assert [r.name for r in results] == ["conv1", "relu1", "conv2", "relu2", "conv3", "relu3", "cifar10 forward"]
+    assert all(r.passed for r in results) and seen == [1, 3] * 3 + [1] * 3 + [3] * 3  # layers, then the chain
+
+
+def test_check_variant_covers_each_net_and_reuses_shared_results():
+    calls = []
+
+    def relu(x, out):
+        calls.append(1)
+        good_relu(x, out)
+
+    def tanh(x, out):
+        out[...] = np.tanh(x)
+
+    done = {}
+    v = lk.Variant({"relu": relu, "tanh": tanh}, target="cpu", nets=("cifar10", "fashion"))
+    names = [r.name for r in lk.check_variant(v, quiet=True, done=done)]
+    assert names == ["relu1", "relu2", "relu3", "cifar10 forward", "fashion tanh1", "fashion forward"]
+    first = len(calls)
+    again = lk.check_variant(v, quiet=True, done=done, network=False)
+    assert len(calls) == first and all(again)  # shared functions are not checked twice

@@ -59,7 +59,7 @@ def test_info_and_data_where():
     code, out = run("info")
     assert code == 0 and "simulator" in out.lower() and "data cifar10" in out
     code, out = run("data", "where")
-    assert code == 0 and "$LABKIT_DATA" in out or "repository data/" in out
+    assert code == 0 and ("$LABKIT_DATA" in out or "repository data/" in out)
 
 
 def test_record_writes_a_ledger(tmp_path, cifar_root):

@@ -1,4 +1,4 @@
-"""labkit.device under the simulator: it must say so, never claim a GPU, and shrink the work."""
+"""labkit.device: under the simulator it must say so and never claim a GPU; on a GPU it must describe it."""
 
 import os
 
@@ -6,9 +6,21 @@ import pytest
 
 from labkit import device
 
-pytestmark = pytest.mark.skipif(os.environ.get("LABKIT_TEST_GPU") == "1", reason="simulator-only expectations")
+ON_GPU = os.environ.get("LABKIT_TEST_GPU") == "1"
+simulator_only = pytest.mark.skipif(ON_GPU, reason="what the simulator reports (the GPU test is below)")
 
 
+@pytest.mark.skipif(not ON_GPU, reason="needs LABKIT_TEST_GPU=1 on a GPU machine")
+def test_info_describes_the_gpu():
+    d = device.info()
+    assert d.kind == "gpu" and d.gpu and not d.simulated
+    assert d.name and d.compute_capability and d.memory_total > 0 and d.driver
+    assert device.label() == d.name
+    assert device.requires_gpu("anything") is True
+    assert "timings are real" in device.describe()
+
+
+@simulator_only
 def test_info_says_simulator_and_no_gpu():
     d = device.info()
     assert d.kind == "simulator"
@@ -28,6 +40,7 @@ def test_info_is_frozen():
         device.info().kind = "gpu"
 
 
+@simulator_only
 def test_describe_explains_findings():
     text = device.describe()
     assert "CUDA simulator" in text
@@ -37,11 +50,13 @@ def test_describe_explains_findings():
     assert "GPU:" not in text.split("\n")[0]
 
 
+@simulator_only
 def test_label_is_stable():
     assert device.label() == "CUDA simulator (CPU)"
     assert device.label() == device.label(device.info())
 
 
+@simulator_only
 def test_requires_gpu_prints_one_line(capsys):
     assert device.requires_gpu("managed memory") is False
     out = capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""labkit.profile: call counts, bytes and an nvprof-shaped table for a small simulated kernel and its copies."""
+"""labkit.profile: call counts, bytes and an nvprof-shaped table of the launches and copies made through
+labkit.gpu, on the simulator or a GPU."""
 
 import re
 import time
@@ -6,9 +7,12 @@ import time
 import numpy as np
 import pytest
 
+from labkit import device, gpu
 from labkit.profile import HEADER, Profiler, format_time  # labkit first: it makes a late NUMBA_ENABLE_CUDASIM count
 
 from numba import cuda  # noqa: E402  (isort: skip)
+
+ON_GPU = device.is_gpu()
 
 
 @cuda.jit
@@ -19,20 +23,22 @@ def add_one(x, y):
 
 
 def test_profiler_counts_launches_copies_and_bytes(rng):
-    prof = Profiler()
-    assert prof.simulated and prof.method == "perf_counter"
     n = int(rng.integers(5, 40))
     images = 3
     host = rng.standard_normal(n).astype(np.float32)
-    kernel = prof.kernel(add_one, "add_one")
     results = []
-    for _ in range(images):  # per-image style: copy in, launch, copy out
-        d_x = prof.to_device(host)
-        d_y = cuda.device_array_like(d_x)
-        kernel[(n + 31) // 32, 32](d_x, d_y)
-        results.append(prof.to_host(d_y))
-    with prof.activity("pad", kind="other"):
-        time.sleep(0.001)
+    gpu.to_device(host)  # before the profiler: not recorded
+    with Profiler() as prof:
+        assert prof.simulated is (not ON_GPU)
+        assert prof.method == ("cuda-events" if ON_GPU else "perf_counter")
+        for _ in range(images):  # per-image style: copy in, launch, copy out
+            d_x = gpu.to_device(host)
+            d_y = cuda.device_array_like(d_x)
+            gpu.launch(add_one, n, d_x, d_y, block=32)
+            results.append(gpu.to_host(d_y))
+        with prof.activity("pad", kind="other"):
+            time.sleep(0.001)
+    gpu.to_device(host)  # after it: not recorded either
     for r in results:
         np.testing.assert_allclose(r, host + 1.0)
 
@@ -45,9 +51,9 @@ def test_profiler_counts_launches_copies_and_bytes(rng):
     assert rows["pad"]["kind"] == "other" and rows["pad"]["total"] >= 0.001
     for r in rows.values():
         assert r["min"] <= r["avg"] <= r["max"] and r["total"] == pytest.approx(r["avg"] * r["calls"])
-    gpu = [r for r in prof.rows() if r["kind"] != "other"]
-    assert [r["total"] for r in gpu] == sorted((r["total"] for r in gpu), reverse=True)
-    assert sum(r["percent"] for r in gpu) == pytest.approx(100.0)
+    on_gpu = [r for r in prof.rows() if r["kind"] != "other"]
+    assert [r["total"] for r in on_gpu] == sorted((r["total"] for r in on_gpu), reverse=True)
+    assert sum(r["percent"] for r in on_gpu) == pytest.approx(100.0)
     assert prof.calls(kind="kernel") == images and prof.calls() == 3 * images + 1
 
     prof.reset()
@@ -55,12 +61,12 @@ def test_profiler_counts_launches_copies_and_bytes(rng):
 
 
 def test_named_copies_and_copy_into_existing(rng):
-    prof = Profiler()
     w = rng.standard_normal((4, 3)).astype(np.float32)
-    d_w = prof.to_device(w, name="weights")
     out = np.empty_like(w)
-    prof.to_device(w * 2, to=d_w)
-    prof.to_host(d_w, out=out, name="result")
+    with Profiler() as prof:
+        d_w = gpu.to_device(w, name="weights")
+        gpu.to_device(w * 2, to=d_w)
+        gpu.to_host(d_w, out=out, name="result")
     np.testing.assert_array_equal(out, w * 2)
     names = {r["name"]: r for r in prof.rows()}
     assert names["[CUDA memcpy HtoD] weights"]["bytes"] == w.nbytes
@@ -78,7 +84,7 @@ def test_table_layout():
     with prof.activity("host_pool", kind="other"):
         pass
     lines = prof.table().split("\n")
-    assert "CUDA simulator" in lines[0]
+    assert ("CUDA simulator" in lines[0]) is (not ON_GPU)
     assert lines[1] == HEADER
     cols = r"\s+(\d+\.\d\d)%\s+(\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(.+)"
     m = re.fullmatch(r" GPU activities:" + cols, lines[2])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import signal
 
-from labkit import data, nets, reference
+from labkit import data, nets, reference, weights_io
 
 
 def loop_conv(x, w, b, pad, stride):
@@ -86,7 +86,7 @@ def test_pool_relu_fc_softmax(rng):
 @pytest.mark.parametrize("name", ["cifar10", "fashion"])
 def test_forward_layer_by_layer(rng, name):
     net = nets.get_net(name)
-    w = nets.random_weights(net, seed=int(rng.integers(1000)))
+    w = weights_io.random_weights(net, seed=int(rng.integers(1000)))
     x = rng.uniform(-0.5, 0.5, (3, *net.input_shape)).astype(np.float32)
     outs = reference.forward(net, w, x, keep=True)
     assert list(outs) == net.layer_names
@@ -103,7 +103,7 @@ def test_forward_layer_by_layer(rng, name):
 def test_forward_rejects_wrong_shape():
     net = nets.get_net("cifar10")
     with pytest.raises(ValueError, match=r"\(N, 3, 32, 32\)"):
-        reference.forward(net, nets.random_weights(net), np.zeros((2, 32, 32, 3), np.float32))
+        reference.forward(net, weights_io.random_weights(net), np.zeros((2, 32, 32, 3), np.float32))
 
 
 def test_network_shapes_are_the_designs():
@@ -118,24 +118,24 @@ def test_network_shapes_are_the_designs():
 
 def test_weights_npz_round_trip_and_validation(tmp_path, rng):
     net = nets.get_net("fashion")
-    w = nets.random_weights(net, seed=1)
-    path = nets.save_weights(tmp_path / "w.npz", net, w, float16_above=100_000)
-    back = nets.load_weights(net, path)
+    w = weights_io.random_weights(net, seed=1)
+    path = weights_io.save_weights(tmp_path / "w.npz", net, w, float16_above=100_000)
+    back = weights_io.load_weights(net, path)
     assert all(a.dtype == np.float32 for a in back.values())
     np.testing.assert_array_equal(back["conv1.weight"], w["conv1.weight"])
     np.testing.assert_allclose(back["fc1.weight"], w["fc1.weight"], rtol=1e-3, atol=1e-4)  # stored as float16
     bad = dict(w)
     bad["conv2.weight"] = bad["conv2.weight"][:, :6]
     with pytest.raises(ValueError, match="conv2.weight has shape"):
-        nets.validate_weights(net, bad)
+        weights_io.validate_weights(net, bad)
     with pytest.raises(ValueError, match="missing"):
-        nets.validate_weights(net, {k: v for k, v in w.items() if k != "fc2.bias"})
+        weights_io.validate_weights(net, {k: v for k, v in w.items() if k != "fc2.bias"})
     with pytest.raises(FileNotFoundError, match="no weights"):
-        nets.load_weights(net, tmp_path / "absent.npz")
+        weights_io.load_weights(net, tmp_path / "absent.npz")
 
 
 def test_c_study_importer_matches_the_golden_conv1_output(c_study_weights, cifar_root):
-    w = nets.load_c_study_weights(c_study_weights)
+    w = weights_io.load_c_study_weights(c_study_weights)
     gold = np.loadtxt(c_study_weights / "conv1_output_image0.gold.txt", skiprows=1).reshape(16, 32, 32)
     x = data.to_input("cifar10", data.load_cifar10(1))
     got = reference.forward("cifar10", w, x, upto="conv1")[0]
@@ -143,19 +143,48 @@ def test_c_study_importer_matches_the_golden_conv1_output(c_study_weights, cifar
 
 
 def test_c_study_weights_classify_far_above_chance(c_study_weights, cifar_root):
-    w = nets.load_weights("cifar10", c_study_weights)  # a folder goes through the importer
+    w = weights_io.load_weights("cifar10", c_study_weights)  # a folder goes through the importer
     x, images = data.load_inputs("cifar10", 1200)
     acc = reference.accuracy(reference.forward("cifar10", w, x), images.labels)
     assert acc > 0.5, f"C-study weights reach only {acc} on the first 1200 training images"
 
 
 def test_c_study_importer_rejects_malformed_files(tmp_path, c_study_weights):
-    for name in nets.C_STUDY_FILES.values():
+    for name in weights_io.C_STUDY_FILES.values():
         (tmp_path / name).write_text((c_study_weights / name).read_text())
     lines = (tmp_path / "layer4_conv.txt").read_text().split()
     (tmp_path / "layer4_conv.txt").write_text(" ".join(lines[:-3]))
     with pytest.raises(ValueError, match="layer4_conv.txt: header '5 5 16 20' needs"):
-        nets.load_c_study_weights(tmp_path)
+        weights_io.load_c_study_weights(tmp_path)
     (tmp_path / "layer10_fc.txt").unlink()
     with pytest.raises(FileNotFoundError, match="layer10_fc.txt"):
-        nets.load_c_study_weights(tmp_path)
+        weights_io.load_c_study_weights(tmp_path)
+
+
+def test_truncated_npz_is_one_clear_error(tmp_path):
+    net = nets.get_net("cifar10")
+    good = weights_io.save_weights(tmp_path / "w.npz", net, weights_io.random_weights(net))
+    bad = tmp_path / "corrupt.npz"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ValueError, match="not a readable .npz weights file") as info:
+        weights_io.load_weights(net, bad)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "fashion"])
+def test_layer_costs_follow_the_spec(name, rng):
+    net = nets.get_net(name)
+    batch = int(rng.integers(1, 9))
+    costs = nets.net_cost(net, batch)
+    assert list(costs) == [ly.name for ly in net.layers if ly.kind != "flatten"]
+    for layer in net.layers:
+        if layer.kind != "conv":
+            continue
+        c, _, _ = net.input_shape_of(layer.name)
+        m, ho, wo = net.shapes()[layer.name]
+        cost = costs[layer.name]
+        assert cost.flops == batch * m * ho * wo * (2 * c * layer.kernel ** 2 + int(layer.bias))
+        n_in, n_out = c * int(np.prod(net.input_shape_of(layer.name)[1:])), m * ho * wo
+        assert cost.bytes == 4 * (batch * (n_in + n_out) + m * c * layer.kernel ** 2 + (m if layer.bias else 0))
+        assert cost.intensity == cost.flops / cost.bytes
+    assert nets.layer_cost(net, "flatten", batch) == nets.Cost(0, 0)

@@ -7,7 +7,8 @@ import pytest
 
 from labkit import reference
 from labkit.data import load_cifar10, load_fashion, to_input
-from labkit.nets import CIFAR10, FASHION, WEIGHTS_DIR, load_weights, shipped_weights_path, weights_info
+from labkit.nets import CIFAR10, FASHION
+from labkit.weights_io import WEIGHTS_DIR, load_weights, shipped_weights_path, weights_info
 
 NETS = [CIFAR10, FASHION]
 IDS = [net.name for net in NETS]

@@ -4,7 +4,7 @@
 
 Builds a PyTorch model from the labkit spec itself, so its parameters are exactly the npz keys
 (`conv1.weight`, `conv1.bias`, ..., `fc.weight`), trains it on the inputs `labkit.data.to_input` makes, saves
-`labkit/weights/<net>.npz` with `labkit.nets.save_weights`, reloads the file with `labkit.nets.load_weights` and
+`labkit/weights/<net>.npz` with `labkit.weights_io.save_weights`, reloads the file with `labkit.weights_io.load_weights` and
 records in `<net>.json` the recipe, the provenance and accuracies computed by `labkit.reference` on the weights
 as loaded (float16 layers upcast), never PyTorch's figures.
 
@@ -36,7 +36,8 @@ from tqdm import tqdm
 import labkit
 from labkit import reference
 from labkit.data import load_cifar10, load_fashion, to_input
-from labkit.nets import WEIGHTS_DIR, Net, get_net, load_weights, save_weights
+from labkit.nets import Net, get_net
+from labkit.weights_io import WEIGHTS_DIR, load_weights, save_weights
 
 # Arrays above this many elements are stored as float16: only fashion's fc1 (160 x 20184 = 3.2 M) crosses it,
 # which keeps the shipped files under 10 MB in all. Everything else stays float32.
@@ -44,7 +45,7 @@ FLOAT16_ABOVE = 100_000
 SIZE_LIMIT = 10 * 1024 * 1024
 
 COMPUTED_BY = ("labkit.reference.forward + labkit.reference.accuracy on the weights as loaded by "
-               "labkit.nets.load_weights (float16-stored layers upcast to float32)")
+               "labkit.weights_io.load_weights (float16-stored layers upcast to float32)")
 
 # One recipe per net. Epoch counts fit a 2-core CPU (measured unloaded: ~22 s per cifar10 epoch, ~2 min per
 # fashion epoch). fashion: a first run (Adam 2e-3, batch 128, 4 epochs) reached only 0.8755; in 2-epoch trials on
@@ -296,7 +297,7 @@ def record(net: Net, model: nn.Module, info: dict, out: Path, epochs: int, seed:
         "bytes": path.stat().st_size,
         "storage": {"float16_above": FLOAT16_ABOVE, "float16_arrays": float16,
                     "note": "arrays with more elements than float16_above are stored as float16 and upcast to "
-                            "float32 by labkit.nets.load_weights"},
+                            "float32 by labkit.weights_io.load_weights"},
         "recipe": recipe,
         "seed": seed,
         "training_data": tr,

@@ -1,0 +1,152 @@
+"""labkit.engine: the one forward engine, on host and device arrays, batched and per image, timed and checked."""
+
+import numpy as np
+import pytest
+
+import labkit as lk
+from labkit import device, engine, gpu, simulator
+from labkit.workloads import Workload
+
+from numba import cuda  # noqa: E402  (after labkit)
+
+ON_GPU = device.is_gpu()
+
+
+def small_workload(net="cifar10", n=3, seed=0, shrunk=False):
+    spec = simulator.net(net) if shrunk else lk.get_net(net)
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-0.5, 0.5, (n, *spec.input_shape)).astype(np.float32)
+    labels = rng.integers(0, 10, n)
+    return Workload(spec, lk.random_weights(spec, seed), x, labels, simulated=shrunk, synthetic=False, note="test")
+
+
+def host_conv(x, w, b, out, pad, stride):
+    out[...] = lk.conv2d(x, w, b, pad, stride)
+
+
+@cuda.jit
+def _conv_kernel(x, w, b, out, pad, stride):
+    N, C, H, W = x.shape
+    M, _, K, _ = w.shape
+    Ho, Wo = out.shape[2], out.shape[3]
+    t = cuda.grid(1)
+    if t < out.size:
+        j = t % Wo
+        i = (t // Wo) % Ho
+        m = (t // (Wo * Ho)) % M
+        n = t // (Wo * Ho * M)
+        acc = b[m]
+        for c in range(C):
+            for p in range(K):
+                for q in range(K):
+                    r, col = i * stride + p - pad, j * stride + q - pad
+                    if 0 <= r < H and 0 <= col < W:
+                        acc += x[n, c, r, col] * w[m, c, p, q]
+        out[n, m, i, j] = acc
+
+
+def device_conv(x, w, b, out, pad, stride):
+    gpu.launch(_conv_kernel, out.size, x, w, b, out, pad, stride)
+
+
+DEVICE = lk.Variant({**lk.kernels.GIVEN, "conv": device_conv}, arrays="device")
+
+
+def test_reference_only_run_matches_forward():
+    wl = small_workload()
+    r = lk.run(wl, quiet=True)
+    np.testing.assert_allclose(r.probs, lk.forward(wl.net, wl.weights, wl.x), rtol=1e-6)
+    assert list(r.report.layer_seconds) == [n for n in wl.net.layer_names if n != "flatten"]
+    assert r.report.accuracy == lk.accuracy(r.predictions, wl.labels)
+    assert r.report.stage == "numpy reference" and r.report.method == "perf_counter"
+
+
+def test_student_functions_replace_layers_by_kind_and_name():
+    calls = []
+
+    def conv(x, w, b, out, pad, stride):
+        calls.append("conv")
+        host_conv(x, w, b, out, pad, stride)
+
+    def relu1(x, out):
+        calls.append("relu1")
+        out[...] = np.maximum(x, 0)
+
+    wl = small_workload()
+    r = lk.run(wl, {"conv": conv, "relu1": relu1}, warmup=False, quiet=True)
+    assert calls.count("conv") == 3 and calls.count("relu1") == 1
+    np.testing.assert_allclose(r.probs, lk.forward(wl.net, wl.weights, wl.x), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 4, 5])
+def test_per_image_launches_once_per_image_and_layer(n):
+    calls = []
+
+    def relu(x, out):
+        calls.append(x.shape[0])
+        out[...] = np.maximum(x, 0)
+
+    wl = small_workload(n=n)
+    batched = lk.run(wl, {"relu": relu}, warmup=False, quiet=True)
+    assert calls == [n] * 3
+    calls.clear()
+    per_image = lk.run(wl, lk.Variant({"relu": relu}, target="cpu", per_image=True), warmup=False, quiet=True)
+    assert calls == [1] * 3 * n
+    np.testing.assert_array_equal(batched.predictions, per_image.predictions)
+
+
+@pytest.mark.parametrize("per_image", [False, True])
+def test_device_arrays_run_real_kernels_and_match_the_reference(per_image):
+    wl = small_workload(n=3, shrunk=not ON_GPU)
+    with gpu.counting() as c:
+        r = lk.run(wl, DEVICE, per_image=per_image, warmup=False, quiet=True)
+    np.testing.assert_allclose(r.probs, lk.forward(wl.net, wl.weights, wl.x), rtol=1e-4, atol=1e-6)
+    layers = len([ly for ly in wl.net.layers if ly.kind != "flatten"])
+    assert c.launches == layers * (3 if per_image else 1)
+    assert c.htod == 1 + len(lk.layers.with_biases(wl.net.layers, wl.weights))  # inputs and weights, once
+    assert c.dtoh == (3 if per_image else 1)  # the probabilities, per image or once
+
+
+def test_device_arrays_need_every_layer():
+    wl = small_workload()
+    with pytest.raises(ValueError, match="every layer needs a function; missing: conv1"):
+        lk.run(wl, {"relu": lambda x, out: None}, arrays="device", quiet=True)
+
+
+def test_repeated_passes_keep_medians_and_the_range():
+    wl = small_workload(n=2)
+    r = lk.run(wl, {"conv": host_conv}, repeat=3, quiet=True)
+    lo, hi = r.report.total_range
+    assert r.report.runs == 3 and lo <= r.report.total <= hi * 1.5 + 1e-3
+
+
+def test_check_mode_poisons_every_intermediate():
+    seen = []
+
+    def spy_relu(x, out):
+        seen.append(bool(np.isnan(out).all()))
+        out[...] = np.maximum(x, 0)
+
+    wl = small_workload(n=2)
+    v = lk.Variant({"relu": spy_relu}, target="cpu")
+    prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
+    engine.forward(wl.net, v, prepared, check=True)
+    assert seen == [True, True, True]
+    seen.clear()
+    engine.forward(wl.net, v, prepared)
+    assert len(seen) == 3  # not poisoned outside checks (np.empty may hold anything)
+
+
+def test_a_run_records_to_the_ledger_when_asked(tmp_path):
+    ledger = lk.Ledger(tmp_path / "l.jsonl")
+    wl = small_workload(n=2)
+    lk.run(wl, lk.variants("01", {"mine": lk.Variant({"conv": host_conv}, target="cpu")})["mine"], quiet=True,
+           record=ledger, command="test")
+    (row,) = ledger.read(layer="total")
+    assert row["stage"] == "01 mine" and row["command"] == "test" and row["images"] == 2
+
+
+def test_report_prints_in_the_nets_format_with_throughput(capsys):
+    lk.run(small_workload("fashion", n=2), quiet=False)
+    out = capsys.readouterr().out
+    assert out.count("Op Time:") == 2 and "Correctness:" in out and "GFLOP/s" in out

@@ -1,0 +1,65 @@
+"""labkit.ledger: the round trip, filters, the default path, bad lines."""
+
+import json
+
+import pytest
+
+from labkit.ledger import Ledger
+from labkit.report import RunReport
+
+CIFAR_SECONDS = {"conv1": 0.113322, "relu1": 0.0004, "pool1": 0.03, "conv2": 0.092, "relu2": 0.0003,
+                 "pool2": 0.02, "conv3": 0.061, "relu3": 0.0003, "pool3": 0.015, "flatten": 0.0,
+                 "fc": 0.001, "softmax": 0.0001}
+
+
+def cifar_report(**kw):
+    args = dict(net="cifar10", images=1200, layer_seconds=dict(CIFAR_SECONDS), accuracy=0.7825,
+                device="Tesla V100-PCIE-32GB", simulated=False, synthetic=False, stage="05_shared",
+                method="cuda-events", runs=3, total_range=(0.3, 0.4))
+    args.update(kw)
+    return RunReport(**args)
+
+def test_ledger_round_trip(tmp_path):
+    ledger = Ledger(tmp_path / "deep" / "ledger.jsonl")
+    rows = ledger.record(cifar_report(), command="labkit bench --stage 05")
+    ledger.record(cifar_report(stage="01_serial", images=50000, synthetic=True, accuracy=None))
+    ledger.record(RunReport("fashion", 100, {"conv1": 0.1, "conv2": 0.2}, accuracy=0.8, stage="01_serial"))
+    lines = (tmp_path / "deep" / "ledger.jsonl").read_text().splitlines()
+    assert len(lines) == 12 + 12 + 3  # 11 reported layers + total, twice; 2 layers + total
+    first = json.loads(lines[0])
+    for key in ("stage", "net", "layer", "images", "device", "seconds", "simulated", "synthetic", "method", "date",
+                "command", "labkit", "runs", "total_range"):
+        assert key in first
+    assert first["command"] == "labkit bench --stage 05" and first["date"].endswith("+00:00")
+    assert rows[-1]["layer"] == "total" and rows[-1]["seconds"] == pytest.approx(cifar_report().total)
+    assert repr(rows) == f"recorded 05_shared (cifar10, 1200 images): 12 lines in {ledger.path}"
+
+    totals = ledger.read(layer="total")
+    assert [r["net"] for r in totals] == ["cifar10", "cifar10", "fashion"]
+    assert len(ledger.read(net="cifar10", stage="01_serial")) == 12
+    assert len(ledger.read(stage=["01_serial", "05_shared"], layer="conv1")) == 3
+    assert len(ledger.read(seconds=lambda s: s > 0.1)) >= 4
+    assert ledger.read(net="nope") == []
+    assert ledger.read(net="fashion", layer="conv2")[0]["seconds"] == 0.2
+
+    back = ledger.reports(net="cifar10")
+    assert len(back) == 2
+    assert back[0].layer_seconds["conv1"] == 0.113322 and back[0].stage == "05_shared"
+    assert back[0].total == pytest.approx(cifar_report().total)
+    assert back[0].runs == 3 and back[0].total_range == (0.3, 0.4)
+
+
+def test_ledger_default_path_and_bad_lines(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_RESULTS", str(tmp_path / "res"))
+    assert Ledger().path == tmp_path / "res" / "ledger.jsonl"
+    monkeypatch.setenv("LABKIT_RESULTS", str(tmp_path / "x.jsonl"))
+    assert Ledger().path == tmp_path / "x.jsonl"
+    monkeypatch.delenv("LABKIT_RESULTS")
+    assert Ledger().path.parts[-2:] == ("results", "ledger.jsonl")
+    path = tmp_path / "l.jsonl"
+    Ledger(path).record(RunReport("fashion", 1, {"conv1": 0.1}))
+    with path.open("a") as fh:
+        fh.write('{"half a line\n')
+    with pytest.warns(UserWarning, match="not a JSON line"):
+        assert len(Ledger(path).read()) == 2
+    assert Ledger(tmp_path / "missing.jsonl").read() == []
