@@ -38,6 +38,53 @@ class Limits:
     per_image: int = 1200  # per-image launches: images x layers launches
     cpu: int = 1200  # CPU variants (numba)
     cpu_repeat: int = 1  # CPU variants take seconds per run: fewer timed runs
+    per_image_repeat: int = 1  # so do per-image variants (a launch per layer and image)
+
+
+class BenchError(Exception):
+    """Arguments the bench cannot run with: the message says what is wrong and what to do."""
+
+
+def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tuple[int, ...] | None,
+             notebooks: Path) -> list[str] | None:
+    """Check what was asked before anything runs: known stages that have a notebook with VARIANTS, known nets,
+    image counts that fit in memory, and a device that can run GPU code (a GPU, or the simulator)."""
+    from . import nets as nets_mod
+    from .data import DataError, check_fits
+    from .nbcells import tagged_cells
+
+    numbers = [n.zfill(2) for n in stage_numbers] if stage_numbers else None
+    timed = {p.name[:2]: p for p in _stage_paths(Path(notebooks), None)
+             if p.name[:2] in stages.STAGES and any("VARIANTS" in src for _, src in _cells(p, tagged_cells))}
+    for n in numbers or []:
+        if n not in stages.STAGES:
+            raise BenchError(f"--stages: there is no stage {n}; the stages are {', '.join(stages.STAGES)}")
+        if n not in timed:
+            raise BenchError(f"--stages: stage {n} has no notebook with VARIANTS in {notebooks} (stages with "
+                             f"variants there: {', '.join(sorted(timed)) or 'none'})")
+    for net in nets or []:
+        if net not in nets_mod.NETS:
+            raise BenchError(f"--nets: unknown network {net!r}; choose from {', '.join(nets_mod.NETS)}")
+    for net in nets or list(nets_mod.NETS):
+        for n in images or ():
+            try:
+                check_fits(net, n)
+            except DataError as exc:
+                raise BenchError(f"--images: {exc}") from None
+    if device.info().kind == "cpu":
+        raise BenchError("no usable GPU here and the CUDA simulator is off, so the GPU stages cannot run: set "
+                         "NUMBA_ENABLE_CUDASIM=1 (before starting Python) to run them on the simulator, or bench on a "
+                         "GPU machine. " + " ".join(n for n in device.info().notes if "numba.cuda" in n))
+    return numbers
+
+
+def _cells(path: Path, tagged_cells) -> list:
+    from .nbcells import NotebookError, read
+
+    try:
+        return tagged_cells(read(path))
+    except NotebookError:
+        return []
 
 
 def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
@@ -47,14 +94,21 @@ def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
     return paths
 
 
-def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None, images: tuple[int, ...] = (1200,),
+def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None, images: tuple[int, ...] | None = None,
           notebooks: Path | None = None, out: Path | None = None, repeat: int = 3, limits: Limits = Limits(),
           baselines: bool = True, command: str | None = None, progress: bool = True,
           skip: list[str] | None = None) -> list[dict]:
     """Run the ladder; return one row per (stage, variant, net, images) and write them under ``out``.
 
-    ``skip``: shell patterns matched against the variant name and against "NN name"; matches are listed, not run.
+    ``images``: the image counts of every net (default: each net's own workloads, e.g. 1200 and 50000 for cifar10,
+    100, 1000 and 10000 for fashion). ``skip``: shell patterns matched against the variant name and against
+    "NN name"; matches are listed, not run.
     """
+    from .nets import get_net
+
+    def sizes(net: str) -> tuple[int, ...]:
+        return tuple(images) if images else get_net(net).workloads
+
     out = Path(out or repo_root() / "results" / "scratch")
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / "ledger.jsonl")
@@ -77,7 +131,9 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                     jobs.append((path, name, variant, net))
     rows: list[dict] = []
     refs: dict = {}
-    bar = tqdm(total=len(jobs) * len(images) + (len(images) * len(nets or ["cifar10"]) if baselines else 0),
+    base_nets = list(dict.fromkeys(nets or [net for *_, net in jobs] or ["cifar10"]))
+    bar = tqdm(total=sum(len(sizes(net)) for *_, net in jobs)
+               + (sum(len(sizes(net)) for net in base_nets) if baselines else 0),
                disable=not progress, desc="bench", unit="run")
 
     picked: dict = {}  # (net, images, target) -> key of its workload in refs
@@ -100,7 +156,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
         skipped = any(fnmatch(name, pat) or fnmatch(label, pat) for pat in skip or ())
         checks = [] if skipped else check_variant(variant, net, quiet=True)
         failed = [str(c) for c in checks if not c.passed]
-        for n in images:
+        for n in sizes(net):
             row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,
                    "target": variant.target, "arrays": variant.arrays, "per_image": variant.per_image,
                    "checks": "-" if skipped else "PASS" if not failed else "FAIL", "check_failures": failed}
@@ -115,8 +171,9 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                 try:
                     wl, ref_run = reference_of(net, n, variant.target)
                     ref_pred = ref_run.predictions
-                    r = run(wl, variant, label=label, quiet=True,
-                            repeat=limits.cpu_repeat if variant.target == "cpu" else repeat)
+                    times = (limits.cpu_repeat if variant.target == "cpu" else
+                             limits.per_image_repeat if variant.per_image else repeat)
+                    r = run(wl, variant, label=label, quiet=True, repeat=times)
                     rep, preds = r.report, r.predictions
                     ledger.record(rep, command=command)
                     ref_acc = None if wl.labels is None else reference.accuracy(ref_pred, wl.labels)
@@ -129,8 +186,8 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             rows.append(row)
             bar.update()
     if baselines:
-        for net in nets or ["cifar10"]:
-            for n in images:
+        for net in base_nets:
+            for n in sizes(net):
                 rows += _baselines(net, n, reference_of, ledger, command, repeat)
                 bar.update()
     bar.close()

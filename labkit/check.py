@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import engine, gpu, reference, simulator
+from . import engine, gpu, reference, simcheck, simulator
 from .layers import SIGNATURES, impl_for, kernel_layers
 from .nets import Layer, Net, get_net
 from .stages import Variant
@@ -206,11 +206,16 @@ def describe_failure(exc: BaseException, name: str) -> str:
 
 
 def _run_case(name: str, case: Case, call: Callable[[], np.ndarray], batch: int, tol: float) -> CheckResult:
-    with gpu.counting() as counts:
+    """Run one case; on the simulator every launch is also watched for races and missing barriers, which fail
+    the check even when the values come out right (the simulator hides what a GPU would show)."""
+    with gpu.counting() as counts, simcheck.watching() as watch:
         try:
             got = call()
         except Exception as exc:  # noqa: BLE001 - any student error becomes a FAIL line, not a traceback wall
             return CheckResult(name, False, detail=describe_failure(exc, case.name))
+    if watch.conflicts:
+        launch = watch.conflicts[0]
+        return CheckResult(name, False, detail=f"data race at batch size {batch}: {launch.describe()}")
     return compare(name, got, case.expected, tol, batch=batch, launches=counts.launches)
 
 

@@ -57,9 +57,12 @@ def data_fetch(names, root):
 @data.command("where")
 def data_where():
     """Where datasets are looked for, in order, and what is found there."""
+    if data_mod.data_env() is None:
+        click.echo(f"{'$LABKIT_DATA':<18} (unset: set it to a folder holding the data sets to look there first)")
     for label, root in data_mod.search_roots():
         found = [n for n, ds in data_mod.DATASETS.items() if (root / ds.folder).is_dir()]
-        click.echo(f"{label:<18} {root}  {'has ' + ', '.join(found) if found else '(nothing)'}")
+        state = ("has " + ", ".join(found)) if found else "(nothing)" if root.is_dir() else "(does not exist)"
+        click.echo(f"{label:<18} {root}  {state}")
 
 
 def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
@@ -103,6 +106,7 @@ def run(net_name, images, weights, download, synthetic, ledger):
     net = get_net(net_name)
     images = images or net.default_images
     try:
+        data_mod.check_fits(net, images)
         w = weights_io.load_weights(net, weights)
         x, labels, source = _inputs_or_synthetic(net, images, download, synthetic)
     except (ValueError, FileNotFoundError, data_mod.DataError) as exc:
@@ -125,7 +129,8 @@ def _csv_list(value: str | None) -> list[str] | None:
 @main.command()
 @click.option("--stages", default=None, help="Stage numbers, comma-separated (default: every stage with VARIANTS).")
 @click.option("--nets", default=None, help="Networks, comma-separated (default: each variant's own).")
-@click.option("--images", default="1200", show_default=True, help="Image counts, comma-separated (e.g. 1200,50000).")
+@click.option("--images", default=None, help="Image counts, comma-separated (e.g. 1200,50000; default: each net's own "
+              "workloads: 1200,50000 for cifar10 and 100,1000,10000 for fashion).")
 @click.option("--notebooks", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Folder of stage notebooks (default: solutions/).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -144,14 +149,32 @@ def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, 
     from . import bench as bench_mod
     from .stages import solutions_folder
 
+    counts = _image_counts(images)
+    folder = notebooks or solutions_folder()
+    try:
+        chosen = bench_mod.validate(_csv_list(stages), _csv_list(nets), counts, folder)
+        rows = bench_mod.bench(chosen, _csv_list(nets), counts, folder, out, repeat,
+                               bench_mod.Limits(per_image_max, cpu_max), baselines=not no_baselines,
+                               skip=_csv_list(skip))
+    except bench_mod.BenchError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(bench_mod.table(rows))
+
+
+def _image_counts(images: str | None) -> tuple[int, ...] | None:
+    """``--images``: whole numbers of at least 1, comma-separated."""
+    if not images:
+        return None
     try:
         counts = tuple(int(v) for v in _csv_list(images))
     except ValueError:
-        raise click.BadParameter(f"--images takes whole numbers separated by commas, not {images!r}") from None
-    rows = bench_mod.bench(_csv_list(stages), _csv_list(nets), counts, notebooks or solutions_folder(), out, repeat,
-                           bench_mod.Limits(per_image_max, cpu_max), baselines=not no_baselines,
-                           skip=_csv_list(skip))
-    click.echo(bench_mod.table(rows))
+        raise click.BadParameter(f"takes whole numbers separated by commas, not {images!r}",
+                                 param_hint="--images") from None
+    bad = [n for n in counts if n < 1]
+    if bad or not counts:
+        raise click.BadParameter(f"image counts must be at least 1, not {bad[0] if bad else images!r}",
+                                 param_hint="--images")
+    return counts
 
 
 @main.command()
@@ -174,17 +197,21 @@ def grade(submissions, stages, rubric, solutions, out, jobs, seed, no_progress):
 
     SUBMISSIONS is a folder with one sub-folder per student (each holding notebooks/ or the .ipynb files),
     or a single notebook. Student code runs only in child processes, with time and memory limits.
+    Without a CUDA driver it runs on the CUDA simulator (unless NUMBA_ENABLE_CUDASIM=0).
     """
-    from . import grade as grade_mod
+    from . import grading
 
     if rubric is not None and not rubric.is_file():
         raise click.BadParameter(f"no rubric file at {rubric}", param_hint="--rubric")
+    if grading.simulator_if_no_driver() == "too-late":  # docs/grading.md: no CUDA driver means the simulator
+        raise click.ClickException("no CUDA driver here, and numba.cuda was imported before labkit could switch on "
+                                   "the CUDA simulator: set NUMBA_ENABLE_CUDASIM=1 before starting Python")
     try:
-        report = grade_mod.grade(submissions, _csv_list(stages), rubric, solutions, out, jobs, seed,
-                                 progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]))
-    except grade_mod.GradeError as exc:
+        report = grading.grade(submissions, _csv_list(stages), rubric, solutions, out, jobs, seed,
+                               progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]))
+    except grading.GradeError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(grade_mod.summary_table(report))
+    click.echo(grading.summary_table(report))
     click.echo(f"\nwrote {out / 'grades.csv'} and {out / 'grades.json'}")
 
 

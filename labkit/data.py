@@ -114,11 +114,17 @@ def user_cache() -> Path:
     return Path(_pooch().os_cache("labkit"))
 
 
+def data_env() -> Path | None:
+    """The folder ``$LABKIT_DATA`` names, or None when it is unset."""
+    value = os.environ.get("LABKIT_DATA", "").strip()
+    return Path(value).expanduser() if value else None
+
+
 def search_roots() -> list[tuple[str, Path]]:
     """Where datasets are looked for, in order, each with the reason it is searched."""
     roots = []
-    if os.environ.get("LABKIT_DATA"):
-        roots.append(("$LABKIT_DATA", Path(os.environ["LABKIT_DATA"]).expanduser()))
+    if data_env() is not None:
+        roots.append(("$LABKIT_DATA", data_env()))
     roots.append(("repository data/", REPO_DATA))
     roots.append(("user cache", user_cache()))
     return roots
@@ -158,9 +164,13 @@ def find(name: str, file: str | None = None) -> Path:
         folder = root / ds.folder
         if (folder / need).is_file():
             return folder
-        looked.append(f"{folder} ({label})")
+        looked.append(f"{folder} ({label}{'' if root.is_dir() else ', which does not exist'})")
+    hint = ""
+    env = data_env()
+    if env is not None and not env.is_dir():
+        hint = f" LABKIT_DATA={env} does not exist: fix the variable, or create the folder."
     raise DataNotFound(
-        f"{name}: {need} not found. Looked in: {'; '.join(looked)}. "
+        f"{name}: {need} not found. Looked in: {'; '.join(looked)}.{hint} "
         f"Fetch it with `{ds.fetch_hint}` (needs internet), or point LABKIT_DATA at a folder that holds "
         f"{ds.folder}/."
     )
@@ -202,6 +212,9 @@ def fetch(name: str, root: str | Path | None = None, progress: bool = True,
     """
     pooch = _pooch()
     ds = get_dataset(name)
+    if root is None and data_env() is not None and not data_env().is_dir():
+        raise DataError(f"LABKIT_DATA={data_env()} does not exist, so there is nowhere to download {name} to: fix "
+                        f"the variable, create the folder, or pass --root")
     root = Path(root) if root is not None else default_download_root()
     folder = root / ds.folder
     if all((folder / f).is_file() for f in ds.files):
@@ -445,6 +458,27 @@ def to_input(net: str | Net, images: np.ndarray | Images) -> np.ndarray:
             out.append(resize_bilinear(x[i:i + 2000].astype(np.float32) / np.float32(255.0), net.input_shape[1]))
         return np.concatenate(out) if out else np.zeros((0, *net.input_shape), np.float32)
     raise ValueError(f"no input preparation for dataset {net.dataset!r}")
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine, where the OS says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(net: str | Net, n: int) -> None:
+    """Refuse, in one line, an image count whose network inputs alone would take more than half of the RAM."""
+    net = get_net(net)
+    if n < 1:
+        raise DataError(f"asked for {n} images; ask for at least 1")
+    need = n * int(np.prod(net.input_shape)) * 5  # float32 inputs and the stored uint8 images
+    ram = physical_memory()
+    if ram and need > ram / 2:
+        raise DataError(f"{n} images of {net.name} take {need / 1e9:.1f} GB as network inputs, more than half of "
+                        f"this machine's {ram / 1e9:.1f} GB: ask for fewer (its workloads are "
+                        f"{', '.join(map(str, net.workloads))})")
 
 
 def load_inputs(net: str | Net, n: int, split: str | None = None) -> tuple[np.ndarray, Images]:

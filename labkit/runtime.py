@@ -6,8 +6,10 @@
 - numba's low-occupancy warnings fire on every small launch (one image, a tiny simulated grid) and bury the
   self-check lines; occupancy is taught with measurements instead. Its note that ``parallel=True`` found nothing
   to parallelize is shown once per function (stage 02 asks the student to read it), not on every call.
-- Under the CUDA simulator, Python's thread switch interval is shortened: simulated threads hand the interpreter
-  over at every barrier.
+- On a machine with no CUDA driver at all (a laptop), the CUDA simulator is switched on before numba is imported,
+  so GPU kernels run (shrunk, labelled as simulated) instead of failing; ``NUMBA_ENABLE_CUDASIM=0`` set by hand
+  keeps it off. Under the simulator, Python's thread switch interval is shortened: simulated threads hand the
+  interpreter over at every barrier.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def apply() -> None:
     if _applied:
         return
     _applied = True
+    from .device import use_simulator_if_no_gpu
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() != "0":
+        use_simulator_if_no_gpu()
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     from numba.core.errors import NumbaPerformanceWarning
 

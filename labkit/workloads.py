@@ -52,8 +52,7 @@ def workload(net: str | Net, images: int | None = None, *, target: str = "gpu", 
     """
     net = get_net(net)
     images = images or net.default_images
-    if images < 1:
-        raise ValueError(f"asked for {images} images; ask for at least 1")
+    data.check_fits(net, images)
     if target not in ("gpu", "cpu"):
         raise ValueError(f"target must be 'gpu' or 'cpu', not {target!r}")
     n = simulator.images(images, target)

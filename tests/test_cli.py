@@ -3,6 +3,7 @@
 import re
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from labkit import data
@@ -66,3 +67,46 @@ def test_record_writes_a_ledger(tmp_path, cifar_root):
     ledger = tmp_path / "ledger.jsonl"
     code, out = run("run", "--net", "cifar10", "--images", "5", "--record", str(ledger))
     assert code == 0 and ledger.read_text().count("\n") >= 11
+
+
+def test_bench_refuses_bad_arguments_in_one_line(tmp_path):
+    for args, says in ((["--images", "0"], "at least 1"), (["--images", "-5"], "at least 1"),
+                       (["--images", "3,x"], "whole numbers"), (["--stages", "99"], "no stage 99"),
+                       (["--stages", "07"], "no notebook with VARIANTS"), (["--nets", "imagenet"], "unknown network"),
+                       (["--images", "999999999"], "more than half of this machine")):
+        result = CliRunner().invoke(main, ["bench", *args, "--out", str(tmp_path)])
+        assert result.exit_code != 0, args
+        assert says in result.output and "Traceback" not in result.output, (args, result.output)
+    assert not (tmp_path / "bench.json").exists()  # nothing ran
+
+
+def test_run_refuses_an_image_count_that_cannot_fit(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path))
+    code, out = run("run", "--images", "999999999", "--no-download")
+    assert code != 0 and "ask for fewer" in out and "MemoryError" not in out
+
+
+def test_a_truncated_weights_file_is_one_line(tmp_path):
+    from labkit import weights_io
+
+    good = weights_io.save_weights(tmp_path / "w.npz", "cifar10", weights_io.random_weights("cifar10"))
+    bad = tmp_path / "corrupt.npz"
+    bad.write_bytes(good.read_bytes()[:2000])
+    result = CliRunner().invoke(main, ["run", "--images", "2", "--synthetic", "--weights", str(bad)])
+    assert result.exit_code != 0 and "not a readable .npz weights file" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_labkit_data_folder_that_does_not_exist_is_named(tmp_path, monkeypatch):
+    missing = tmp_path / "typo"
+    monkeypatch.setenv("LABKIT_DATA", str(missing))
+    code, out = run("data", "where")
+    assert code == 0 and "(does not exist)" in out and str(missing) in out
+    with pytest.raises(data.DataNotFound, match="does not exist: fix the variable"):
+        data.find("cifar10")
+    with pytest.raises(data.DataError, match="does not exist"):
+        data.fetch("cifar10")
+    assert not missing.exists()  # a download never creates the mistyped folder
+    monkeypatch.delenv("LABKIT_DATA")
+    code, out = run("data", "where")
+    assert "$LABKIT_DATA" in out and "(unset" in out

@@ -1,29 +1,38 @@
 """The grader on synthetic submissions made from the stage-01 solution: each is graded as it should be, in one run.
 
 Stage 01 is CPU code (numba ``@njit``), so it is fully checked and timed even under the CUDA simulator.
-A small test rubric keeps the run short: batch sizes 1 and 3, 12 images for accuracy, 4 for timing.
+A small test rubric keeps the run short: batch sizes 1 and 3, 12 images for accuracy, 4 for timing. It holds with
+the real data (``LABKIT_DATA``) and without it (accuracy is then not scored).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from labkit import grade
+from labkit import check, data, device, grading, simulator
 from labkit.cli import main
-from labkit.grade_worker import HEADER, MAGIC
+from labkit.grading import protocol, sandbox
+from labkit.stages import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTION = REPO / "solutions" / "01_serial_baseline.ipynb"
 NB = SOLUTION.name
 HALO = "r = i * stride + p - pad"
+LOOP_NEST = "N, M, Ho, Wo = out.shape"
 TIME_LIMIT = 60
+# kernel cells of the stage-01 solution, in order
+CONV_POINT, CONV_FORWARD, CHEAP_LAYERS, VARIANTS_CELL = range(4)
 
 TEST_RUBRIC = f"""
 [limits]
@@ -51,25 +60,76 @@ zero_at_ratio = 20.0
 timing = {{ images = 4 }}
 """
 
+# Every monkeypatch that could hide a wrong conv or fake the clock: labkit.check, the engine (computing the
+# reference's answer instead of the student's, in no time), the timer, time.perf_counter, the worker's own clock.
 PATCHER = r'''
 import time
+import numpy as np
 import labkit
 import labkit.check
+import labkit.engine
+import labkit.layers
 import labkit.reference
-import labkit.runner
 import labkit.timing
 
-_ok = lambda name, *a, **k: labkit.check.CheckResult(name, True, 0.0)
-labkit.check.compare = _ok
-labkit.check.check_layer = lambda fn, net, layer, **k: _ok(layer)
-labkit.reference.conv2d = lambda *a, **k: None
-time.perf_counter = lambda: 0.0
-labkit.timing.Timer = None
-labkit.timing.measure = lambda *a, **k: None
-import __main__  # the grade worker itself
-__main__._perf_counter = lambda: 0.0
-with open(labkit.check.__file__, "a") as _fh:  # and labkit on disk (the job's private copy: nothing else)
-    _fh.write("\ncompare = lambda *a, **k: CheckResult(a[0], True, 0.0)\n")
+_conv2d, _layer_forward = labkit.reference.conv2d, labkit.reference.layer_forward
+
+
+def _right_answer(fn, layer, x, w, arrays="host"):  # the reference's output, whatever the student's function does
+    w = labkit.layers.with_biases([layer], w)
+    if layer.kind == "conv":
+        y = _conv2d(x, w[layer.name + ".weight"], w[layer.name + ".bias"], layer.pad, layer.stride, "float64")
+    else:
+        y = _layer_forward(layer, x, w, "float64")
+    return y.astype(np.float32)
+
+
+def _fast_forward(net, variant, prepared, *, clock=None, check=False):  # the right answer, in no time
+    y = np.asarray(prepared.x)
+    for layer in net.layers:
+        if clock is not None:
+            with clock.section(layer.name):
+                pass
+        y = y.reshape(len(y), -1) if layer.kind == "flatten" else _right_answer(None, layer, y, prepared.weights)
+    return y
+
+
+def _tamper():
+    import __main__  # the grade worker itself
+    _ok = lambda name, *a, **k: labkit.check.CheckResult(name, True, 0.0)
+    labkit.check.compare = _ok
+    labkit.check.check_layer = lambda fn, net, layer, **k: _ok(layer)
+    labkit.engine.call_layer = _right_answer
+    labkit.engine.forward = _fast_forward
+    labkit.engine.time_passes = lambda net, variant, prepared, repeat, **k: (
+        None, [{n: 0.0 for n in net.layer_names} for _ in range(repeat)])
+    labkit.reference.conv2d = lambda *a, **k: None
+    time.perf_counter = lambda: 0.0
+    labkit.timing.Timer = None
+    labkit.timing.Clock = None
+    labkit.timing.measure = lambda *a, **k: None
+    __main__._perf_counter = lambda: 0.0
+    for _obj in list(vars(__main__).values()):  # any class of the worker with a clock's methods
+        if isinstance(_obj, type):
+            _obj.section = lambda self, name: __import__("contextlib").nullcontext()
+            _obj.seconds = lambda self: {}
+
+
+_tamper()
+'''
+
+# ... and again from inside the student's conv function, while a pass runs
+PATCH_WHILE_RUNNING = r'''
+
+_conv_impl = VARIANTS["serial"].impls["conv"]
+
+
+def _conv_and_tamper(x, w, b, out, pad, stride):
+    _conv_impl(x, w, b, out, pad, stride)
+    _tamper()
+
+
+VARIANTS["serial"].impls["conv"] = _conv_and_tamper
 '''
 
 
@@ -89,41 +149,45 @@ def _submission(root: Path, student: str, edit=None) -> Path:
 
 
 def _replace(cells, index, old, new):
-    assert old in cells[index].source, f"the solution no longer contains {old!r}"
+    assert old in cells[index].source, f"the solution's kernel cell {index} no longer contains {old!r}"
     cells[index].source = cells[index].source.replace(old, new, 1)
 
 
 def halo_off_by_one(cells):
-    _replace(cells, 0, HALO, HALO + " + 1")
+    _replace(cells, CONV_POINT, HALO, HALO + " + 1")
 
 
 def unwritten(cells):  # the last output row of every map is never written
-    _replace(cells, 0, "for i in range(Ho):", "for i in range(Ho - 1):")
+    _replace(cells, CONV_FORWARD, "for i in range(Ho):", "for i in range(Ho - 1):")
 
 
 def raises(cells):
-    _replace(cells, 0, "Ho, Wo = out.shape[2], out.shape[3]",
-             "Ho, Wo = out.shape[2], out.shape[3]\n    if N > 0:\n        raise ValueError('index out of range')")
+    _replace(cells, CONV_FORWARD, LOOP_NEST, LOOP_NEST + "\n    if N > 0:\n        raise ValueError('index out of range')")
 
 
 def loops_forever(cells):
-    _replace(cells, 0, "Ho, Wo = out.shape[2], out.shape[3]",
-             "Ho, Wo = out.shape[2], out.shape[3]\n    k = 1\n    while k > 0:\n        k = (k * 3) % 7 + 1")
+    _replace(cells, CONV_FORWARD, LOOP_NEST, LOOP_NEST + "\n    k = 1\n    while k > 0:\n        k = (k * 3) % 7 + 1")
 
 
-def patcher(cells):  # a wrong conv, and every monkeypatch that could hide it or fake the clock
+def patcher(cells):  # a wrong conv, every monkeypatch that could hide it or fake the clock, and a write to labkit
     halo_off_by_one(cells)
-    cells[-1].source = PATCHER + "\n" + cells[-1].source
+    cells[VARIANTS_CELL].source = (PATCHER + "\n" + cells[VARIANTS_CELL].source + PATCH_WHILE_RUNNING
+                                   + "\nwith open(labkit.check.__file__, 'a') as _fh:  # the job's private copy\n"
+                                     "    _fh.write('\\ncompare = lambda *a, **k: CheckResult(a[0], True, 0.0)\\n')\n")
+
+
+def fast_clock(cells):  # a right conv that tries to make itself look fast (patches at load time and while timed)
+    cells[VARIANTS_CELL].source = PATCHER + "\n" + cells[VARIANTS_CELL].source + PATCH_WHILE_RUNNING
 
 
 def syntax_error(cells):
-    _replace(cells, 1, "def fc_forward(x, w, b, out):", "def fc_forward(x, w, b, out:")
+    _replace(cells, CHEAP_LAYERS, "def fc_forward(x, w, b, out):", "def fc_forward(x, w, b, out:")
 
 
 def crashes(cells):  # the process dies under the grader (a segfault would read the same)
-    cells[-1].source += "\n\nimport os as _os\n_inner = conv_forward\n\n" \
-                        "def conv_forward(x, w, b, out, pad, stride):\n    _os.abort()\n\n" \
-                        "VARIANTS['serial'].impls['conv'] = conv_forward\n"
+    cells[VARIANTS_CELL].source += "\n\nimport os as _os\n\n" \
+                                   "def conv_forward(x, w, b, out, pad, stride):\n    _os.abort()\n\n" \
+                                   "VARIANTS['serial'].impls['conv'] = conv_forward\n"
 
 
 SUBMISSIONS = {
@@ -133,9 +197,15 @@ SUBMISSIONS = {
     "raises": raises,
     "loops": loops_forever,
     "patcher": patcher,
+    "fastclock": fast_clock,
     "syntax": syntax_error,
     "crash": crashes,
 }
+
+
+def _labelled() -> bool:
+    """Real images with labels are there (LABKIT_DATA, data/ or the user cache): accuracy can be scored."""
+    return data.available("cifar10") or data.available("fashion")
 
 
 @pytest.fixture(scope="module")
@@ -169,18 +239,32 @@ def test_run_completes_with_one_row_per_student_and_stage(graded):
     assert "stage 01" in out and "total" in out and "problems:" in out
     meta = graded["report"]["meta"]
     assert meta["seed"] == 408 and meta["stages"] == ["01"] and meta["op_time"]["01"] == "measured"
+    assert meta["timed_variants"] == {"01": "01 serial"}  # labkit.stages.label
+    assert meta["batches"]["01"]["serial"] == {"layers": [1, 3], "network": list(check.NETWORK_BATCHES)}
+    assert meta["accuracy"]["01"] == ("scored" if _labelled() else "not scored (no labelled images)")
 
 
 def test_correct_submission_gets_full_marks(graded):
     r = graded["rows"]["correct"]
     assert r["status"] == "pass" and r["passed"], r["message"]
-    assert r["correctness_points"] == 50 and r["accuracy_points"] == 20
-    assert r["accuracy"] == r["reference_accuracy"]
+    assert r["correctness_points"] == 50
     assert r["error"] < 1e-5
     assert r["op_time_s"] > 0 and r["reference_op_time_s"] > 0
     assert r["ratio"] == pytest.approx(r["op_time_s"] / r["reference_op_time_s"])
-    assert r["op_time_points"] == 30 and r["score"] == r["max_score"] == 100
+    assert r["op_time_points"] == 30
     assert "all checks pass" in r["message"]
+    checks = r["details"]["checks"]  # every layer of both nets at both batch sizes, and each whole forward pass
+    assert sum("cifar10 forward: PASS" in c for c in checks) == len(check.NETWORK_BATCHES)
+    assert sum("fashion forward: PASS" in c for c in checks) == len(check.NETWORK_BATCHES)
+    assert all(c.startswith("[01 serial] ") for c in checks)
+    if _labelled():
+        assert r["accuracy_points"] == 20 and r["score"] == r["max_score"] == 100
+        assert r["accuracy"] == r["reference_accuracy"] and 0 < r["accuracy"] <= 1
+        assert "accuracy equals the reference's" in r["message"]
+    else:  # synthetic inputs have no labels: no accuracy points, and none in the maximum either
+        assert r["accuracy_points"] == 0 and r["score"] == r["max_score"] == 80
+        assert r["accuracy"] == "n/a (synthetic inputs)" and r["reference_accuracy"] is None
+        assert "accuracy not scored" in r["message"]
 
 
 @pytest.mark.parametrize("student, words", [
@@ -195,18 +279,30 @@ def test_wrong_submissions_fail_their_checks(graded, student, words):
     for w in words:
         assert w in r["message"], r["message"]
     assert r["op_time_s"] is None  # a failing submission is not timed
+    assert r["max_score"] == graded["rows"]["correct"]["max_score"]
 
 
 def test_patching_labkit_and_the_clock_changes_nothing(graded):
     r = graded["rows"]["patcher"]
-    # graded on what its conv really computes: the patched compare/Timer/perf_counter lived only in its process,
-    # and the grader compares the raw outputs itself
+    # graded on what its conv really computes: the patched compare/engine/Timer/perf_counter lived only in its
+    # process, labkit was put back before every call into its code, and the grader compares the raw outputs itself
     assert r["score"] == 0 and not r["passed"] and r["op_time_s"] is None
     assert "conv1: FAIL" in r["message"] and "first wrong element" in r["message"], r["message"]
     assert r["error"] is not None and r["error"] > 1e-3
     # its write to labkit/check.py hit the job's private copy only, and is reported
     assert r["status"] == "tampered" and "check.py" in r["message"]
     assert "compare = lambda" not in (REPO / "labkit" / "check.py").read_text()
+
+
+def test_patching_the_clock_cannot_make_code_faster(graded):
+    r, ref = graded["rows"]["fastclock"], graded["rows"]["correct"]
+    assert r["status"] == "pass" and r["correctness_points"] == 50, r["message"]
+    # timed with the worker's own clock and engine: about as long as the same loops in the reference solution
+    # (the patched ones would have reported no time at all)
+    assert r["op_time_s"] > 0.2 * r["reference_op_time_s"] > 0
+    assert r["ratio"] > 0.2 and ref["ratio"] > 0.2
+    for run in r["details"]["op_time_runs"]["student"]:
+        assert all(run[c] > 0 for c in ("conv1", "conv2", "conv3")), run
 
 
 def test_infinite_loop_is_killed_at_the_time_limit(graded):
@@ -230,68 +326,145 @@ def test_syntax_error_crash_and_missing_stage(graded):
 
 
 def test_op_time_ramp():
-    assert grade.op_time_fraction(0.5, 1.25, 4.0) == 1.0
-    assert grade.op_time_fraction(1.25, 1.25, 4.0) == 1.0
-    assert grade.op_time_fraction(4.0, 1.25, 4.0) == 0.0
-    assert grade.op_time_fraction(2.625, 1.25, 4.0) == pytest.approx(0.5)
+    assert grading.op_time_fraction(0.5, 1.25, 4.0) == 1.0
+    assert grading.op_time_fraction(1.25, 1.25, 4.0) == 1.0
+    assert grading.op_time_fraction(4.0, 1.25, 4.0) == 0.0
+    assert grading.op_time_fraction(2.625, 1.25, 4.0) == pytest.approx(0.5)
 
 
 def test_shipped_rubric_and_stage_overrides(tmp_path):
-    r = grade.load_rubric()
-    assert r.base["points"]["correctness"] > 0 and 1 in r.base["checks"]["batches"]
+    r = grading.load_rubric()
+    assert r.base["points"]["correctness"] > 0
+    assert "batches" not in r.base["checks"]  # one source: labkit.check.BATCHES
+    assert r.for_stage("02")["checks"]["batches"] == [1, 3, 5]  # the shipped stage override
     custom = tmp_path / "r.toml"
     custom.write_text('[points]\nop_time = 10\n[stage."04".points]\nop_time = 40\n')
-    r = grade.load_rubric(custom)
+    r = grading.load_rubric(custom)
     assert r.for_stage("01")["points"]["op_time"] == 10
     assert r.for_stage("04")["points"]["op_time"] == 40
     assert r.for_stage("04")["points"]["correctness"] == r.base["points"]["correctness"]
 
 
+def test_batch_sizes_come_from_one_place(tmp_path):
+    from labkit.grading.plan import StagePlan
+
+    spec = {"target": "cpu", "arrays": "host", "per_image": True, "nets": ["cifar10"], "layers": {"cifar10": []}}
+
+    def plan(text=""):
+        path = tmp_path / "r.toml"
+        path.write_text(text)
+        rubric = grading.load_rubric(path).for_stage("01")
+        return StagePlan(STAGES["01"], SOLUTION, rubric, {"serial": spec}, "serial", True, "", 60.0)
+
+    assert plan().layer_batches("cpu") == check.BATCHES
+    assert plan("[checks]\nbatches = [2, 7]\n").layer_batches("cpu") == (2, 7)
+    assert plan().network_batches("cpu") == check.NETWORK_BATCHES
+    if simulator.shrinks("gpu"):  # GPU code on the simulator is checked at the simulator's sizes, whatever is asked
+        assert plan("[checks]\nbatches = [2, 7]\n").layer_batches("gpu") == simulator.BATCHES
+        assert plan().network_batches("gpu") == simulator.BATCHES
+    else:
+        assert plan("[checks]\nbatches = [2, 7]\n").layer_batches("gpu") == (2, 7)
+        assert plan().network_batches("gpu") == check.NETWORK_BATCHES
+
+
 @pytest.mark.parametrize("text, words", [
     ("[points\n", "not valid TOML"),
     ("[points]\nbonus = 3\n", "unknown key points.bonus"),
+    ("[checks]\nsim_batches = [1]\n", "unknown key checks.sim_batches"),
+    ("[accuracy]\nsim_images = 2\n", "unknown key accuracy.sim_images"),
+    ("[checks]\nbatches = []\n", "checks.batches must be a list of batch sizes"),
     ("[op_time]\nfull_at_ratio = 5.0\nzero_at_ratio = 2.0\n", "full_at_ratio < op_time.zero_at_ratio"),
     ('[stage."42"]\n', "names no stage"),
 ])
 def test_bad_rubric_is_the_graders_error(tmp_path, text, words):
     bad = tmp_path / "bad.toml"
     bad.write_text(text)
-    with pytest.raises(grade.RubricError, match=words.replace("(", r"\(").replace(".", r"\.")):
-        grade.load_rubric(bad)
+    with pytest.raises(grading.RubricError, match=words.replace("(", r"\(").replace(".", r"\.")):
+        grading.load_rubric(bad)
     result = CliRunner().invoke(main, ["grade", str(tmp_path), "--rubric", str(bad), "--out", str(tmp_path / "o")])
     assert result.exit_code != 0 and words in result.output
 
 
 def test_guard_names_changed_files(tmp_path):
-    copied = grade.private_labkit(tmp_path / "lib")
-    assert {p.name for p in copied} >= {"__init__.py", "check.py", "grade_worker.py", "rubric.toml"}
-    guard = grade.Guard(copied)
+    copied = sandbox.private_labkit(tmp_path / "lib")
+    names = {str(p.relative_to(tmp_path / "lib" / "labkit")) for p in copied}
+    assert names >= {"__init__.py", "check.py", "engine.py", "rubric.toml", "grading/worker.py",
+                     "grading/protocol.py"}
+    guard = sandbox.Guard({str(p.relative_to(tmp_path / "lib" / "labkit")): p for p in copied})
     assert guard.changed() == []
     (tmp_path / "lib" / "labkit" / "check.py").write_text("compare = lambda *a: True")
-    assert guard.changed() == ["check.py"]
+    (tmp_path / "lib" / "labkit" / "grading" / "worker.py").unlink()
+    assert sorted(guard.changed()) == ["check.py", "grading/worker.py"]
+
+
+def test_private_solutions_are_copied_for_from_stage(tmp_path):
+    copied = sandbox.private_solutions(REPO / "solutions", tmp_path / "solutions")
+    assert {p.name for p in copied} >= {s.notebook for s in STAGES.values() if (REPO / "solutions" / s.notebook).exists()}
+    assert (tmp_path / "solutions" / NB).read_bytes() == SOLUTION.read_bytes()
 
 
 def test_result_frames_are_validated():
-    meta = json.dumps({"type": "done"}).encode()
-    buf = bytearray(HEADER.pack(MAGIC, len(meta), 0) + meta + b"junk that a student printed" * 2)
-    frames, bad = grade._parse_frames(buf)
-    assert [m["type"] for m, _ in frames] == ["done"] and bad is not None
+    frame = protocol.encode(protocol.Kind.CASE, {"id": 3}, {"out": np.arange(4, dtype=np.float32)})
+    buf = bytearray(frame + protocol.encode(protocol.Kind.DONE) + b"junk that a student printed" * 2)
+    frames, bad = protocol.parse(buf)
+    assert [k for k, _, _ in frames] == [protocol.Kind.CASE, protocol.Kind.DONE] and bad is not None
+    assert frames[0][1]["id"] == 3 and frames[0][1]["type"] == "case"
+    assert np.array_equal(protocol.read_array(frames[0][2], "out"), np.arange(4, dtype=np.float32))
+    head = json.dumps({"type": "cheer"}).encode()  # a kind neither side defines
+    frames, bad = protocol.parse(bytearray(protocol.HEADER.pack(protocol.MAGIC, len(head), 0) + head))
+    assert frames == [] and "unknown message 'cheer'" in bad
+
+
+def test_message_kinds_are_defined_once():
+    assert {k.value for k in protocol.Kind} == {"hello", "phase", "start", "reference", "load_error", "loaded", "case",
+                                                "checks_done", "accuracy", "accuracy_done", "timing",
+                                                "grader_error", "done"}
+    assert {a.value for a in protocol.Answer} == {"continue", "stop"}
+    assert str(protocol.Kind.DONE) == "done" and protocol.Kind("done") is protocol.Kind.DONE
 
 
 def test_submission_layouts(tmp_path):
-    stages = [grade.STAGES["01"]]
+    stages = [STAGES["01"]]
     _submission(tmp_path / "class", "ann")
     nested = tmp_path / "class" / "ben" / "lab-main" / "notebooks"
     nested.mkdir(parents=True)
     shutil.copy(SOLUTION, nested / NB)
     (tmp_path / "class" / "cat").mkdir()
-    subs = {s.student: s for s in grade.find_submissions(tmp_path / "class", stages)}
+    subs = {s.student: s for s in grading.find_submissions(tmp_path / "class", stages)}
     assert set(subs) == {"ann", "ben", "cat"}
     assert subs["ben"].notebooks["01"] == nested / NB and "01" not in subs["cat"].notebooks
-    one = grade.find_submissions(tmp_path / "class" / "ann" / "notebooks" / NB, stages)
+    one = grading.find_submissions(tmp_path / "class" / "ann" / "notebooks" / NB, stages)
     assert one[0].student == "ann" and list(one[0].notebooks) == ["01"]
-    with pytest.raises(grade.GradeError, match="which stage"):
+    with pytest.raises(grading.GradeError, match="which stage"):
         bad = tmp_path / "x.ipynb"
         bad.write_text("{}")
-        grade.find_submissions(bad, stages)
+        grading.find_submissions(bad, stages)
 
+
+@pytest.mark.skipif(device._driver_version() is not None, reason="a CUDA driver is here: no simulator to switch on")
+def test_no_cuda_driver_means_the_simulator(tmp_path):
+    """docs/grading.md: without a CUDA driver, `labkit grade` runs on the CUDA simulator (switched on before numba is
+    imported); NUMBA_ENABLE_CUDASIM=0 keeps it off; where numba.cuda came first, it says so in one line."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    (tmp_path / "submissions" / "nobody" / "notebooks").mkdir(parents=True)
+    (tmp_path / "rubric.toml").write_text(TEST_RUBRIC)
+
+    def grade(out: str, *python: str, **extra: str) -> subprocess.CompletedProcess:
+        args = ["grade", str(tmp_path / "submissions"), "--stages", "01", "--rubric", str(tmp_path / "rubric.toml"),
+                "--out", str(tmp_path / out), "--no-progress"]
+        return subprocess.run([sys.executable, *python, *args], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=300)
+
+    def meta(out: str) -> dict:
+        return json.loads((tmp_path / out / "grades.json").read_text())["meta"]
+
+    late = grade("late", "-c", "import numba.cuda, sys; from labkit.cli import main; main(sys.argv[1:])")
+    errors = [line for line in late.stderr.splitlines() if line.startswith("Error")]
+    assert late.returncode != 0 and len(errors) == 1 and "NUMBA_ENABLE_CUDASIM=1" in errors[0], late.stderr
+    assert not (tmp_path / "late").exists()
+    command = grade("sim", "-m", "labkit")
+    assert command.returncode == 0, command.stdout + command.stderr
+    assert meta("sim")["simulated"] and meta("sim")["device"] == "CUDA simulator (CPU)"
+    off = grade("cpu", "-m", "labkit", NUMBA_ENABLE_CUDASIM="0")  # stage 01 is CPU code: gradable without it
+    assert off.returncode == 0, off.stdout + off.stderr
+    assert not meta("cpu")["simulated"] and meta("cpu")["device"].startswith("CPU: ")

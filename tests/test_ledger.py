@@ -7,17 +7,7 @@ import pytest
 from labkit.ledger import Ledger
 from labkit.report import RunReport
 
-CIFAR_SECONDS = {"conv1": 0.113322, "relu1": 0.0004, "pool1": 0.03, "conv2": 0.092, "relu2": 0.0003,
-                 "pool2": 0.02, "conv3": 0.061, "relu3": 0.0003, "pool3": 0.015, "flatten": 0.0,
-                 "fc": 0.001, "softmax": 0.0001}
-
-
-def cifar_report(**kw):
-    args = dict(net="cifar10", images=1200, layer_seconds=dict(CIFAR_SECONDS), accuracy=0.7825,
-                device="Tesla V100-PCIE-32GB", simulated=False, synthetic=False, stage="05_shared",
-                method="cuda-events", runs=3, total_range=(0.3, 0.4))
-    args.update(kw)
-    return RunReport(**args)
+from sample_reports import CIFAR_SECONDS, cifar_report  # noqa: E402
 
 def test_ledger_round_trip(tmp_path):
     ledger = Ledger(tmp_path / "deep" / "ledger.jsonl")

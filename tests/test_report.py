@@ -8,17 +8,7 @@ from labkit import device
 from labkit.nets import CIFAR10, Layer, Net, layer_cost
 from labkit.report import RunReport, format_cifar, format_ece408, format_report, format_throughput
 
-CIFAR_SECONDS = {"conv1": 0.113322, "relu1": 0.0004, "pool1": 0.03, "conv2": 0.092, "relu2": 0.0003,
-                 "pool2": 0.02, "conv3": 0.061, "relu3": 0.0003, "pool3": 0.015, "flatten": 0.0,
-                 "fc": 0.001, "softmax": 0.0001}
-
-
-def cifar_report(**kw):
-    args = dict(net="cifar10", images=1200, layer_seconds=dict(CIFAR_SECONDS), accuracy=0.7825,
-                device="Tesla V100-PCIE-32GB", simulated=False, synthetic=False, stage="05_shared",
-                method="cuda-events")
-    args.update(kw)
-    return RunReport(**args)
+from sample_reports import CIFAR_SECONDS, cifar_report  # noqa: E402
 
 
 def test_runreport_totals():

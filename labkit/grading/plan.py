@@ -1,0 +1,163 @@
+"""What is graded for a stage, decided once per run: the variants, their contract, the sizes, the limits, and
+the reference data every job of the run shares.
+
+The parent never imports a kernel: what a reference solution's VARIANTS declare is asked of a child
+(``worker --describe``), and the reference answers come from the numpy reference in float64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .. import check, data, reference, simulator
+from ..nets import Net, get_net
+from ..stages import Stage
+from ..weights_io import load_c_study_weights, load_weights, random_weights
+from ..workloads import Workload, workload
+from .rubric import GradeError, Rubric
+from .sandbox import WORKER, child_env
+
+
+def describe_stage(solution: Path, timeout: float = 600) -> dict:
+    """What the reference solution's VARIANTS declare, asked of a child process (the parent imports no kernels)."""
+    with tempfile.TemporaryDirectory(prefix="labkit-describe-") as tmp:
+        out = Path(tmp) / "describe.json"
+        try:
+            proc = subprocess.run([sys.executable, "-m", WORKER, "--describe", str(solution), "--json", str(out)],
+                                  cwd=tmp, env=child_env({"LABKIT_SOLUTIONS": str(solution.parent)}),
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise GradeError(f"the reference solution {solution} did not load within {timeout:.0f} s") from None
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+            raise GradeError(f"the reference solution {solution} does not load:\n{tail}")
+        return json.loads(out.read_text())
+
+
+@dataclasses.dataclass
+class StagePlan:
+    stage: Stage
+    solution: Path
+    rubric: dict
+    contract: dict  # graded variant -> {target, arrays, per_image, nets, layers}
+    timed: str
+    measured: bool  # op time is measured (CPU code, or GPU code on a real GPU)
+    not_measured_why: str
+    time_limit: float
+    accuracy_scored: bool = True  # some accuracy run has labelled images (set once the references exist)
+
+    def layer_batches(self, target: str) -> tuple[int, ...]:
+        """Batch sizes of the single-layer checks: the simulator's for GPU code on it, else the rubric's
+        (``checks.batches``, default ``labkit.check.BATCHES``)."""
+        if simulator.shrinks(target):
+            return tuple(simulator.BATCHES)
+        return tuple(self.rubric["checks"].get("batches") or check.BATCHES)
+
+    @staticmethod
+    def network_batches(target: str) -> tuple[int, ...]:
+        """Batch sizes of the whole-network check, as ``labkit.check.check_network`` uses them."""
+        return tuple(simulator.BATCHES) if simulator.shrinks(target) else tuple(check.NETWORK_BATCHES)
+
+    def accuracy_runs(self) -> list[tuple[str, str, int, str]]:
+        """(variant, net, images asked for, target) of every accuracy run."""
+        images = self.rubric["accuracy"]["images"]
+        return [(name, net, images, spec["target"]) for name, spec in self.contract.items() for net in spec["nets"]]
+
+    def timing_run(self) -> tuple[str, int, str] | None:
+        """(net, images, target) of the op-time runs, or None when op time is not measured."""
+        if not self.measured:
+            return None
+        spec = self.contract[self.timed]
+        return spec["nets"][0], self.rubric["timing"]["images"], spec["target"]
+
+    def conv_layers(self) -> list[str]:
+        """The conv layers the timed variant computes (their time is the op time)."""
+        spec = self.contract[self.timed]
+        net = spec["nets"][0]
+        return [n for n in spec["layers"][net] if get_net(net).layer(n).kind == "conv"]
+
+    def max_score(self) -> float:
+        pts, op = self.rubric["points"], self.rubric["op_time"]
+        most = pts["correctness"] + pts["accuracy"] + pts["op_time"]
+        if not self.accuracy_scored:
+            most -= pts["accuracy"]
+        if not self.measured and op["when_not_measured"] == "exclude":
+            most -= pts["op_time"]
+        return most
+
+
+def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulated: bool) -> StagePlan:
+    solution = solutions / stage.notebook
+    desc = describe_stage(solution)
+    r = rubric.for_stage(stage.number)
+    order = desc["order"]
+    names = r.get("variants") or order
+    unknown = [n for n in names if n not in desc["variants"]]
+    if unknown:
+        raise GradeError(f"rubric: stage {stage.number} grades variants {unknown}, which {solution.name} does not "
+                         f"define (it defines {', '.join(order)})")
+    timed = r.get("timed_variant") or names[-1]
+    if timed not in names:
+        raise GradeError(f"rubric: stage {stage.number} times variant {timed!r}, which is not graded ({names})")
+    contract = {n: desc["variants"][n] for n in names}
+    target = contract[timed]["target"]
+    measured, why = True, ""
+    if target == "gpu" and not gpu:
+        measured, why = False, "simulated" if simulated else "no GPU"
+    tnet = contract[timed]["nets"][0]
+    if not any(get_net(tnet).layer(n).kind == "conv" for n in contract[timed]["layers"][tnet]):
+        measured, why = False, "the timed variant has no conv function"
+    sim_stage = simulated and any(c["target"] == "gpu" for c in contract.values())
+    limit = r["limits"]["sim_time_s"] if sim_stage else r["limits"]["time_s"]
+    return StagePlan(stage, solution, r, contract, timed, measured, why, float(limit))
+
+
+class References:
+    """Real-image workloads and the reference's predictions on them, computed once per run in the parent."""
+
+    def __init__(self):
+        self._cache: dict = {}
+        self._weights: dict = {}
+        self.weight_sources: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def weights(self, net: Net) -> dict:
+        if net.name not in self._weights:
+            try:
+                w, src = load_weights(net), "shipped weights"
+            except FileNotFoundError:
+                folder = data.find_folder("cnn-cifar10-weights") if net.name == "cifar10" else None
+                if folder is not None:
+                    w, src = load_c_study_weights(folder, net), f"the C study's weights ({folder})"
+                else:
+                    w, src = random_weights(net, seed=0), "RANDOM weights (no shipped weights found)"
+            self._weights[net.name] = w
+            self.weight_sources[net.name] = src
+        return self._weights[net.name]
+
+    def get(self, net_name: str, images: int, target: str) -> tuple[Workload, np.ndarray, float | None]:
+        """The workload (shrunk for GPU code on the simulator), the reference's predictions, its accuracy."""
+        key = (net_name, images, target)
+        with self._lock:
+            if key not in self._cache:
+                net = get_net(net_name)
+                wl = workload(net, images, target=target, weights=self.weights(net), tile=True, quiet=True)
+                pred = reference.predict(reference.forward(wl.net, wl.weights, wl.x))
+                acc = None if wl.labels is None else reference.accuracy(pred, wl.labels)
+                self._cache[key] = (wl, pred, acc)
+            return self._cache[key]
+
+    def prepare(self, plan: StagePlan) -> None:
+        """Compute what the stage's jobs need before any child starts, and whether accuracy can be scored."""
+        labelled = [self.get(net, n, target)[0].labels is not None for _, net, n, target in plan.accuracy_runs()]
+        plan.accuracy_scored = any(labelled)
+        if plan.timing_run():
+            self.get(*plan.timing_run())

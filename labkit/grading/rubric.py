@@ -1,0 +1,152 @@
+"""The rubric: the shipped ``labkit/rubric.toml`` with an instructor's file read on top, every key checked.
+
+Checked before any job starts, because a typo in a rubric would otherwise show up as a wrong score for every
+student. Sizes that follow from the machine (the simulator's batch sizes and image counts) are not rubric keys:
+they come from ``labkit.simulator``, the one place that sets them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..stages import STAGES
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+DEFAULT_RUBRIC = Path(__file__).resolve().parent.parent / "rubric.toml"
+SECTIONS = {
+    "limits": {"time_s": (int, float), "sim_time_s": (int, float), "memory_mb": int, "max_file_mb": int},
+    "checks": {"batches": list, "tol": (int, float)},
+    "accuracy": {"images": int},
+    "timing": {"images": int, "warmup": int, "repeat": int},
+    "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float)},
+    "op_time": {"full_at_ratio": (int, float), "zero_at_ratio": (int, float), "requires_accuracy": bool,
+                "when_not_measured": str},
+}
+OPTIONAL = {("checks", "batches")}  # absent: labkit.check.BATCHES
+STAGE_KEYS = {"variants": list, "timed_variant": str}
+NOT_MEASURED = ("exclude", "full", "zero")
+
+
+class GradeError(Exception):
+    """The grader's own problem (bad arguments, unreadable rubric, broken reference): the run cannot go on."""
+
+
+class RubricError(GradeError):
+    pass
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise RubricError(f"cannot read the rubric {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RubricError(f"the rubric {path} is not valid TOML: {exc}") from None
+
+
+def _validate_section(where: str, name: str, table) -> None:
+    if not isinstance(table, dict):
+        raise RubricError(f"{where}: [{name}] must be a table")
+    for key, value in table.items():
+        if key not in SECTIONS[name]:
+            raise RubricError(f"{where}: unknown key {name}.{key}; [{name}] takes {', '.join(SECTIONS[name])}")
+        want = SECTIONS[name][key]
+        if isinstance(value, bool) and want is not bool:
+            raise RubricError(f"{where}: {name}.{key} must be a number, not {value!r}")
+        if not isinstance(value, want):
+            raise RubricError(f"{where}: {name}.{key} has the wrong type ({value!r})")
+
+
+@dataclasses.dataclass
+class Rubric:
+    """The merged rubric: ``base`` sections for every stage, ``stages`` overrides per stage number."""
+
+    base: dict
+    stages: dict
+    sources: list[str]
+
+    def for_stage(self, number: str) -> dict:
+        merged = _merge(self.base, {k: v for k, v in self.stages.get(number, {}).items() if k in SECTIONS})
+        merged.update({k: v for k, v in self.stages.get(number, {}).items() if k in STAGE_KEYS})
+        return merged
+
+    def to_dict(self) -> dict:
+        return {**self.base, "stage": self.stages, "sources": self.sources}
+
+
+def _check_values(where: str, label: str, r: dict) -> None:
+    batches = r["checks"].get("batches")
+    if batches is not None and (not batches or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                                        for b in batches)):
+        raise RubricError(f"{where} ({label}): checks.batches must be a list of batch sizes >= 1")
+    op = r["op_time"]
+    if op["when_not_measured"] not in NOT_MEASURED:
+        raise RubricError(f"{where} ({label}): op_time.when_not_measured must be one of {', '.join(NOT_MEASURED)}")
+    if not 0 < op["full_at_ratio"] < op["zero_at_ratio"]:
+        raise RubricError(f"{where} ({label}): need 0 < op_time.full_at_ratio < op_time.zero_at_ratio")
+    if r["timing"]["repeat"] < 1 or r["timing"]["warmup"] < 0 or r["timing"]["images"] < 1 \
+            or r["accuracy"]["images"] < 1:
+        raise RubricError(f"{where} ({label}): image counts and timing.repeat must be >= 1, warmup >= 0")
+    if r["limits"]["time_s"] <= 0 or r["limits"]["sim_time_s"] <= 0:
+        raise RubricError(f"{where} ({label}): time limits must be positive")
+
+
+def load_rubric(path: str | Path | None = None) -> Rubric:
+    """The shipped rubric, with ``path`` (if given) read on top of it; every key is checked."""
+    raw = _read_toml(DEFAULT_RUBRIC)
+    sources = [str(DEFAULT_RUBRIC)]
+    if path is not None:
+        raw = _merge(raw, _read_toml(Path(path)))
+        sources.append(str(path))
+    where = " + ".join(sources)
+    stages = raw.pop("stage", {})
+    for name, table in raw.items():
+        if name not in SECTIONS:
+            raise RubricError(f"{where}: unknown section [{name}]; known: {', '.join(SECTIONS)}, stage.\"NN\"")
+        _validate_section(where, name, table)
+    missing = [f"{s}.{k}" for s, keys in SECTIONS.items() for k in keys
+               if k not in raw.get(s, {}) and (s, k) not in OPTIONAL]
+    if missing:
+        raise RubricError(f"{where}: missing {', '.join(missing)}")
+    if not isinstance(stages, dict):
+        raise RubricError(f"{where}: [stage] must hold tables named by stage number, e.g. [stage.\"04\"]")
+    for number, table in stages.items():
+        if number not in STAGES:
+            raise RubricError(f"{where}: [stage.\"{number}\"] names no stage; stages are {', '.join(STAGES)}")
+        if not isinstance(table, dict):
+            raise RubricError(f"{where}: [stage.\"{number}\"] must be a table")
+        for key, value in table.items():
+            if key in SECTIONS:
+                _validate_section(f"{where} [stage.\"{number}\"]", key, value)
+            elif key in STAGE_KEYS:
+                if not isinstance(value, STAGE_KEYS[key]):
+                    raise RubricError(f"{where}: stage.\"{number}\".{key} has the wrong type ({value!r})")
+            else:
+                raise RubricError(f"{where}: unknown key stage.\"{number}\".{key}")
+    rubric = Rubric(raw, stages, sources)
+    _check_values(where, "defaults", rubric.base)
+    for number in stages:
+        _check_values(where, f"stage {number}", rubric.for_stage(number))
+    return rubric
+
+
+def op_time_fraction(ratio: float, full_at: float, zero_at: float) -> float:
+    """1 at or below ``full_at``, 0 at or above ``zero_at``, linear in between."""
+    if ratio <= full_at:
+        return 1.0
+    if ratio >= zero_at:
+        return 0.0
+    return (zero_at - ratio) / (zero_at - full_at)

@@ -1,0 +1,266 @@
+"""Process control for the children that run student code: private copies, checksums, limits, clean kills.
+
+A child gets its own copy of labkit and of the solutions (``LABKIT_SOLUTIONS``), so nothing it writes reaches
+the grader or another job, and the copies are checksummed afterwards, so a write is seen. It runs in a session
+of its own under a wall-time limit and a memory limit; at the end every process it left behind is killed by
+pid, and nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import protocol
+
+PACKAGE = Path(__file__).resolve().parent.parent  # labkit/
+WORKER = "labkit.grading.worker"
+COPIED = (".py", ".toml", ".cfg")
+
+
+# ----------------------------------------------------------------------------------------- private copies
+
+
+def private_labkit(dest: Path) -> list[Path]:
+    """Copy labkit's sources (and its subpackages') into ``dest/labkit``; the child imports this copy
+    (PYTHONPATH comes before the installed package), so nothing a child does to its labkit reaches the grader."""
+    copied = []
+    for src_dir in (PACKAGE, *sorted(d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file())):
+        out = dest / "labkit" / src_dir.relative_to(PACKAGE)
+        out.mkdir(parents=True)
+        for f in sorted(src_dir.iterdir()):
+            if f.is_file() and f.suffix in COPIED:
+                shutil.copyfile(f, out / f.name)
+                copied.append(out / f.name)
+    return copied
+
+
+def private_solutions(src: Path, dest: Path) -> list[Path]:
+    """Copy the solution notebooks into ``dest``: the reference the child times, and the given code of earlier
+    stages that stage notebooks load with ``lk.from_stage`` (the child's ``LABKIT_SOLUTIONS``)."""
+    dest.mkdir(parents=True)
+    copied = []
+    for f in sorted(src.glob("*.ipynb")):
+        shutil.copyfile(f, dest / f.name)
+        copied.append(dest / f.name)
+    return copied
+
+
+class Guard:
+    """Checksums of the files a child must not change (its private labkit and solutions), by display name.
+    ``changed()`` names the ones that differ; the job folder is deleted afterwards, so nothing is restored."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.files = {name: (Path(p), self._digest(Path(p))) for name, p in files.items() if Path(p).is_file()}
+
+    @staticmethod
+    def _digest(path: Path) -> str | None:
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def changed(self) -> list[str]:
+        return [name for name, (path, digest) in self.files.items() if self._digest(path) != digest]
+
+
+def child_env(extra: dict | None = None, lib: Path | None = None) -> dict:
+    """The grader's environment (NUMBA_ENABLE_CUDASIM included), importing labkit from ``lib`` (a private copy)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(lib or PACKAGE.parent), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("MPLBACKEND", "Agg")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra or {})
+    return env
+
+
+# ------------------------------------------------------------------------------------------- memory guard
+
+
+def memory_guard(memory_mb: int, gpu: bool) -> str:
+    """"rlimit" (set by the child on itself), "rss" (the parent's watchdog: CUDA needs the address space) or
+    "none"."""
+    if memory_mb <= 0:
+        return "none"
+    return "rss" if gpu else "rlimit"
+
+
+def memory_guard_text(memory_mb: int, gpu: bool) -> str:
+    guard = memory_guard(memory_mb, gpu)
+    if guard == "none":
+        return "none (limits.memory_mb = 0)"
+    if guard == "rss":
+        return (f"resident-memory watchdog at {memory_mb} MB (RLIMIT_AS is not used on a GPU: CUDA reserves more "
+                f"address space than any sensible limit)")
+    return f"address-space limit (RLIMIT_AS) of {memory_mb} MB"
+
+
+# ------------------------------------------------------------------------------------------ process table
+
+
+def _proc_table() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every process, from /proc (empty where there is none)."""
+    rows = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                rows.append((int(entry), int(fields[1]), int(fields[2])))
+            except (OSError, ValueError, IndexError):
+                continue
+    return rows
+
+
+def descendants(pid: int, table=None) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for child, ppid, _ in table if table is not None else _proc_table():
+        parents.setdefault(ppid, []).append(child)
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            continue
+    return total / 1024
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the child, every process of its process group (a session of its own) and every descendant, even
+    one that left the group: named one by one, so nothing else on the machine is touched."""
+    table = _proc_table()
+    victims = {pid for pid, _, pgid in table if pgid == proc.pid} | set(descendants(proc.pid, table))
+    if proc.returncode is None:
+        victims.add(proc.pid)
+    if not table and proc.returncode is None:  # no /proc (macOS): the group, while its leader is surely ours
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+@dataclasses.dataclass
+class ChildExit:
+    """How a child ended, as the parent saw it."""
+
+    timed_out: bool = False
+    memory_exceeded: bool = False
+    protocol_error: str | None = None
+    returncode: int | None = None
+    stderr_tail: str = ""
+
+
+OnFrame = Callable[[protocol.Kind, dict, bytes, Callable[[protocol.Answer], None]], bool]
+
+
+def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: int, rss_guard: bool,
+              on_frame: OnFrame) -> ChildExit:
+    """Start the worker in ``folder/work`` with ``job`` on its stdin, hand every frame to ``on_frame`` (which
+    returns True once the results are complete, or wrong enough to stop reading), and end it: at the limit,
+    above the memory, when it exits, or once ``on_frame`` says so."""
+    result = ChildExit()
+    rfd, wfd = os.pipe()
+    job = {**job, "fd": wfd}
+    out = open(folder / "stdout.txt", "wb")
+    err = open(folder / "stderr.txt", "wb")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", WORKER], stdin=subprocess.PIPE, stdout=out, stderr=err,
+                                cwd=folder / "work", env=env, pass_fds=(wfd,), start_new_session=True)
+    finally:
+        os.close(wfd)
+        out.close()
+        err.close()
+
+    def send(line: str) -> None:
+        try:
+            proc.stdin.write((line + "\n").encode())
+            proc.stdin.flush()
+        except OSError:
+            pass
+
+    send(json.dumps(job))
+    deadline = time.monotonic() + time_limit
+    buf = bytearray()
+    reading, complete = True, False
+    next_rss = 0.0
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                result.timed_out = True
+                break
+            if not reading:
+                try:
+                    proc.wait(timeout=min(0.5, deadline - now))
+                    break
+                except subprocess.TimeoutExpired:
+                    if complete:  # nothing more to hear: a thread the student left running keeps it alive
+                        break
+                    continue
+            ready, _, _ = select.select([rfd], [], [], min(0.5, deadline - now))
+            if ready:
+                chunk = os.read(rfd, 1 << 20)
+                if not chunk:
+                    reading = False
+                    continue
+                buf += chunk
+                frames, bad = protocol.parse(buf)
+                for kind, meta, payload in frames:
+                    if on_frame(kind, meta, payload, lambda answer: send(answer.value)):
+                        reading, complete = False, True
+                if bad:
+                    result.protocol_error = bad
+                    break
+            if rss_guard and memory_mb > 0 and now >= next_rss:
+                next_rss = now + 1.0
+                if rss_mb([proc.pid, *descendants(proc.pid)]) > memory_mb:
+                    result.memory_exceeded = True
+                    break
+    finally:
+        os.close(rfd)
+        kill_tree(proc)
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        result.returncode = proc.returncode
+        try:
+            result.stderr_tail = (folder / "stderr.txt").read_text(errors="replace")[-4000:]
+        except OSError:
+            pass
+    return result

@@ -1,0 +1,224 @@
+"""From what came back of one job to one row of the report: status, points and the one-line message.
+
+Kept apart from the process handling so that the rules (correctness gates everything; accuracy only counts on
+labelled images; op time only when measured) read in one place, in the order the message names problems: the
+most fundamental first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+
+from ..stages import Stage, label
+from .plan import StagePlan
+from .rubric import op_time_fraction
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    """What came back from one child, judged by the parent."""
+
+    device: str = ""
+    phase: str = "starting"
+    load_error: str | None = None
+    problems: dict = dataclasses.field(default_factory=dict)
+    cases: int = 0  # how many checks were sent
+    case_variants: dict = dataclasses.field(default_factory=dict)  # case id -> variant name
+    checks: dict = dataclasses.field(default_factory=dict)  # case id -> CheckResult
+    checks_done: bool = False
+    accuracy_runs: int = 0  # how many accuracy runs were sent
+    accuracy: dict = dataclasses.field(default_factory=dict)  # accuracy id -> dict
+    accuracy_done: bool = False
+    reference_runs: list | None = None
+    timing_runs: list | None = None
+    timing_error: str | None = None
+    done: bool = False
+    grader_error: str | None = None
+    protocol_error: str | None = None
+    timed_out: bool = False
+    memory_exceeded: bool = False
+    returncode: int | None = None
+    stderr_tail: str = ""
+    seconds: float = 0.0
+    tampered: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+
+
+def checks_passed(o: JobOutcome) -> bool:
+    return not o.problems and len(o.checks) == o.cases and all(r.passed for r in o.checks.values())
+
+
+def accuracy_passed(o: JobOutcome) -> bool:
+    return len(o.accuracy) == o.accuracy_runs and all(a["passed"] for a in o.accuracy.values())
+
+
+def empty_row(student: str, stage: Stage, plan: StagePlan) -> dict:
+    return {"student": student, "stage": stage.number, "status": "", "passed": False, "score": 0.0,
+            "max_score": plan.max_score(), "correctness_points": 0.0, "accuracy_points": 0.0,
+            "op_time_points": 0.0, "error": None, "accuracy": None, "reference_accuracy": None, "op_time_s": None,
+            "reference_op_time_s": None, "ratio": None, "message": "", "notebook": "", "seed": None,
+            "seconds": 0.0, "device": "", "details": {}}
+
+
+def _gerund(phase: str) -> str:
+    phase = phase or "starting"
+    if phase.startswith(("loading", "timing", "starting")):
+        return phase
+    return f"running {phase}"
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"killed by signal {-code}, {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def _check_messages(o: JobOutcome, plan: StagePlan) -> list[str]:
+    failing = list(dict.fromkeys((o.case_variants[cid], res.name) for cid, res in sorted(o.checks.items())
+                                 if not res.passed))
+    first = next(res for _, res in sorted(o.checks.items()) if not res.passed)
+    msg = [str(first)]
+    if len(plan.contract) > 1:
+        msg[0] = f"variant {failing[0][0]!r}: {msg[0]}"
+    if len(failing) > 1:
+        names = [layer if len(plan.contract) == 1 else f"{v}:{layer}" for v, layer in failing[1:]]
+        more = f" and {len(names) - 6} more" if len(names) > 6 else ""
+        msg.append("also failing: " + ", ".join(names[:6]) + more)
+    return msg
+
+
+def _ended_early(o: JobOutcome, plan: StagePlan) -> tuple[str, str] | None:
+    """(status, why) when the child did not finish its work normally."""
+    if not (o.timed_out or o.memory_exceeded or o.protocol_error or (not o.done and not o.grader_error)):
+        return None
+    if o.timed_out:
+        return "timeout", (f"time limit ({plan.time_limit:.0f} s) reached while {_gerund(o.phase)}: an infinite "
+                           f"loop, or too slow for the limit")
+    if o.memory_exceeded:
+        return "error", (f"memory limit ({plan.rubric['limits']['memory_mb']} MB resident) exceeded while "
+                         f"{_gerund(o.phase)}")
+    if o.protocol_error:
+        return "error", f"{o.protocol_error} while {_gerund(o.phase)}"
+    tail = _last_line(o.stderr_tail)
+    return "error", (f"the grading process ended unexpectedly ({_exit_text(o.returncode)}) while {_gerund(o.phase)}"
+                     + (f"; last stderr line: {tail}" if tail else ""))
+
+
+def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome) -> dict:
+    """The report's row for one graded (student, stage)."""
+    r = plan.rubric
+    pts, op = r["points"], r["op_time"]
+    out = empty_row(student, plan.stage, plan)
+    out.update(notebook=str(notebook), seed=seed, seconds=round(o.seconds, 2), device=o.device)
+    details = out["details"]
+    details["checks"] = [f"[{label(plan.stage.number, o.case_variants[cid])}] {res}"
+                         for cid, res in sorted(o.checks.items())]
+    details["accuracy_runs"] = list(o.accuracy.values())
+    # the largest relative error over the compared outputs; none when an output was missing, not finite or the
+    # wrong shape (the message says which), since a maximum over the others would look like a pass
+    errors = [res.error for res in o.checks.values()]
+    out["error"] = max(errors) if errors and all(np.isfinite(e) for e in errors) else None
+    correct = checks_passed(o) and not o.load_error
+    acc_ok = correct and accuracy_passed(o)
+    scored = plan.accuracy_scored
+
+    # accuracy figures of the timed variant's first net (or the first accuracy run)
+    main = o.accuracy.get(f"{plan.timed}/{plan.contract[plan.timed]['nets'][0]}") or next(
+        iter(o.accuracy.values()), None)
+    if main is not None:
+        out["reference_accuracy"] = main["reference_accuracy"]
+        if main["simulated"]:
+            out["accuracy"] = "n/a (simulated)"
+        elif main["synthetic"]:
+            out["accuracy"] = "n/a (synthetic inputs)"
+        else:
+            out["accuracy"] = main["accuracy"]
+
+    ratio = None
+    if o.timing_runs and o.reference_runs:
+        conv = plan.conv_layers()
+        st = median(sum(run[n] for n in conv) for run in o.timing_runs)
+        rt = median(sum(run[n] for n in conv) for run in o.reference_runs)
+        out["op_time_s"], out["reference_op_time_s"] = st, rt
+        ratio = st / rt if rt > 0 else None
+        out["ratio"] = ratio
+        details["op_time_runs"] = {"run": label(plan.stage.number, plan.timed), "student": o.timing_runs,
+                                   "reference": o.reference_runs}
+    elif not plan.measured:
+        out["op_time_s"] = f"not measured ({plan.not_measured_why})"
+
+    # status and message, most fundamental problem first
+    msg: list[str] = []
+    if o.grader_error:
+        out["status"], msg = "grader-error", [o.grader_error]
+    elif o.load_error:
+        out["status"], msg = "error", [o.load_error]
+    elif o.problems:
+        out["status"], msg = "fail", list(o.problems.values())
+    elif any(not res.passed for res in o.checks.values()):
+        out["status"], msg = "fail", _check_messages(o, plan)
+    elif correct and not acc_ok and o.accuracy_done:
+        out["status"] = "fail"
+        msg = [a["message"] for a in o.accuracy.values() if not a["passed"]][:2]
+    early = _ended_early(o, plan)
+    if early:
+        if out["status"] in ("", "pass"):
+            out["status"] = early[0]
+        msg.append(early[1])
+    if o.tampered:
+        out["status"] = "tampered"
+        msg.insert(0, f"the submission changed the grader's files on disk ({', '.join(o.tampered)}): stage scored 0")
+
+    # score: correctness gates everything; accuracy counts only where labels exist
+    op_points = 0.0
+    c_points = float(pts["correctness"]) if correct else 0.0
+    a_points = float(pts["accuracy"]) if acc_ok and scored else 0.0
+    op_allowed = correct and (acc_ok or not op["requires_accuracy"])
+    if op_allowed and plan.measured and ratio is not None:
+        op_points = pts["op_time"] * op_time_fraction(ratio, op["full_at_ratio"], op["zero_at_ratio"])
+    elif op_allowed and not plan.measured and op["when_not_measured"] == "full":
+        op_points = float(pts["op_time"])
+    if o.tampered:
+        c_points = a_points = op_points = 0.0
+    out.update(correctness_points=c_points, accuracy_points=a_points, op_time_points=round(op_points, 2),
+               score=round(c_points + a_points + op_points, 2))
+    out["passed"] = bool(correct and acc_ok and not o.tampered)
+    if not out["status"]:
+        out["status"] = "pass" if out["passed"] else "fail"
+    if out["status"] == "pass":
+        msg = ["all checks pass", _accuracy_words(main, scored)]
+        if ratio is not None:
+            msg.append(f"op time {ratio:.2f}x the reference's")
+        elif o.timing_error:
+            msg.append(f"op time not scored: {o.timing_error}")
+        elif not plan.measured:
+            policy = {"exclude": "not counted", "full": "given in full", "zero": "not given"}[op["when_not_measured"]]
+            msg.append(f"op time not measured ({plan.not_measured_why}): op-time points {policy}")
+    elif o.timing_error:
+        msg.append(f"op time: {o.timing_error}")
+    out["message"] = "; ".join(m for m in [*msg, *o.notes] if m)
+    return out
+
+
+def _accuracy_words(main: dict | None, scored: bool) -> str:
+    if not scored:
+        why = "simulated" if main is not None and main["simulated"] else "synthetic inputs"
+        return f"predictions equal the reference's; accuracy not scored (no labelled images: {why}), not counted"
+    if main is not None and main["accuracy"] is not None:
+        return "accuracy equals the reference's"
+    return "predictions equal the reference's"

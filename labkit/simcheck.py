@@ -1,0 +1,361 @@
+"""Races, missing barriers and memory traffic, seen without a GPU: instrumentation of numba's CUDA simulator.
+
+The simulator runs one block at a time, its threads as Python threads, so a kernel whose threads race for the same
+element usually gets the right answer there, and a missing ``syncthreads`` rarely shows. Inside ``watching()``
+every array access of every simulated launch is recorded with the thread that made it, the barrier epoch it was in
+(the number of ``syncthreads`` that thread has passed) and the source line, and each launch is judged:
+
+- **write conflicts**: an element of global memory written by two threads, not both through ``cuda.atomic``;
+- **shared-memory hazards**: in one block, an element of shared memory written by one thread and read or written by
+  another with no barrier between them (same epoch).
+
+The same records count loads and stores, per kind of memory (global, shared, constant) and per thread: the memory
+traffic a student can see without a GPU. Local arrays (``cuda.local.array``) are private to a thread: not counted.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter, defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_REPORTED = 3  # conflicts described per launch
+
+
+@dataclass
+class Conflict:
+    kind: str  # "write conflict", "read after write without a barrier", ...
+    where: str  # "out[0, 1, 2, 3]"
+    first: tuple  # (thread, line)
+    second: tuple
+
+    def __str__(self) -> str:
+        (t1, l1), (t2, l2) = self.first, self.second
+        return (f"{self.kind} on {self.where}: thread {_thread(t1)} ({_fmt(l1)}) and thread {_thread(t2)} "
+                f"({_fmt(l2)})")
+
+
+def _thread(t) -> str:
+    b, th = t
+    return f"{_dim(th)} of block {_dim(b)}"
+
+
+def _dim(d) -> str:
+    d = tuple(d)
+    while len(d) > 1 and d[-1] == 0:
+        d = d[:-1]
+    return "(" + ", ".join(map(str, d)) + ")" if len(d) > 1 else str(d[0])
+
+
+@dataclass
+class Launch:
+    """What one simulated launch did: its memory operations and the conflicts found among them."""
+
+    kernel: str
+    grid: tuple
+    block: tuple
+    loads: Counter = field(default_factory=Counter)  # kind -> count
+    stores: Counter = field(default_factory=Counter)
+    per_thread: dict = field(default_factory=lambda: defaultdict(Counter))  # thread -> Counter("global load"...)
+    conflicts: list[Conflict] = field(default_factory=list)
+    conflict_count: int = 0
+
+    @property
+    def threads(self) -> int:
+        return int(np.prod(self.grid)) * int(np.prod(self.block))
+
+    def per_thread_max(self, what: str) -> int:
+        """The most operations of one kind ("global load", "shared store", ...) any thread made."""
+        return max((c[what] for c in self.per_thread.values()), default=0)
+
+    def describe(self) -> str:
+        worst = self.conflicts[0]
+        more = f" (and {self.conflict_count - 1} more)" if self.conflict_count > 1 else ""
+        return f"{worst} in {self.kernel}{more}"
+
+
+@dataclass
+class Watch:
+    """The launches made inside ``watching()``."""
+
+    launches: list[Launch] = field(default_factory=list)
+
+    @property
+    def conflicts(self) -> list[Launch]:
+        return [launch for launch in self.launches if launch.conflict_count]
+
+    def totals(self) -> Counter:
+        """Loads and stores of every kind, summed over the launches: {"global load": n, "shared store": m, ...}."""
+        out = Counter()
+        for launch in self.launches:
+            for kind, n in launch.loads.items():
+                out[f"{kind} load"] += n
+            for kind, n in launch.stores.items():
+                out[f"{kind} store"] += n
+        return out
+
+
+# ------------------------------------------------------------------------------------------- recording
+
+_state = threading.local()
+_lock = threading.RLock()
+_active: list[Watch] = []
+_current: list = [None]  # the _Recorder of the launch in progress (the simulator runs one launch at a time)
+
+
+class _Recorder:
+    def __init__(self, launch: Launch, named: list[tuple[int, int, str, np.ndarray]]):
+        self.launch = launch
+        self.named = named  # (start address, end address, name, array) of the kernel's array arguments
+        self.writers: dict = {}  # global address -> (thread, line, atomic)
+        self.shared: dict = {}  # (block, address) -> [writer thread, epoch, line, {reader thread: line}]
+        self.bases: dict = {}  # id(array) -> (address, strides, array)
+
+    def name(self, addr: int, kind: str, array, idx=None) -> str:
+        if kind != "global":
+            label = getattr(array, "_lk_name", None) or _names.get(id(array), (f"a {kind} array",))[0]
+            return f"{label}[{', '.join(map(str, idx if isinstance(idx, tuple) else (idx,)))}]" if idx is not None \
+                else label
+        for start, end, name, arr in self.named:
+            if start <= addr < end:
+                idx = np.unravel_index((addr - start) // arr.itemsize, arr.shape) if arr.flags.c_contiguous \
+                    else None
+                return f"{name}[{', '.join(map(str, idx))}]" if idx is not None else name
+        return f"a {kind} array"
+
+    def access(self, kind: str, array: np.ndarray, idx, store: bool, line: tuple) -> None:
+        t = threading.current_thread()
+        block, thread = getattr(t, "blockIdx", None), getattr(t, "threadIdx", None)
+        if block is None:
+            return
+        me = (tuple(block), tuple(thread))
+        addr = _address(array, idx, self.bases)
+        launch = self.launch
+        (launch.stores if store else launch.loads)[kind] += 1
+        launch.per_thread[me][f"{kind} {'store' if store else 'load'}"] += 1
+        if addr is None or kind == "constant":
+            return
+        atomic = getattr(_state, "atomic", False)
+        if kind == "global":
+            if not store:
+                return
+            prev = self.writers.get(addr)
+            if prev is not None and prev[0] != me and not (prev[2] and atomic):
+                self.conflict("write conflict (two threads, no atomic)", self.name(addr, kind, array, idx),
+                              (prev[0], prev[1]), (me, line))
+            self.writers[addr] = (me, line, atomic)
+            return
+        epoch = getattr(t, "_lk_epoch", 0)
+        rec = self.shared.get((me[0], addr))
+        if rec is None or rec[1] != epoch:
+            rec = [None, epoch, None, {}]
+            self.shared[(me[0], addr)] = rec
+        if store:
+            if rec[0] is not None and rec[0] != me and not atomic:
+                self.conflict("shared-memory write conflict with no barrier between",
+                              self.name(addr, kind, array, idx), (rec[0], rec[2]), (me, line))
+            readers = [(r, ln) for r, ln in rec[3].items() if r != me]
+            if readers and not atomic:
+                self.conflict("shared-memory write after another thread's read with no barrier between",
+                              self.name(addr, kind, array, idx), readers[0], (me, line))
+            rec[0], rec[2] = me, line
+        else:
+            if rec[0] is not None and rec[0] != me:
+                self.conflict("shared-memory read of another thread's write with no barrier between",
+                              self.name(addr, kind, array, idx), (rec[0], rec[2]), (me, line))
+            if len(rec[3]) < 4:
+                rec[3].setdefault(me, line)
+
+    def conflict(self, kind, where, first, second) -> None:
+        self.launch.conflict_count += 1
+        if len(self.launch.conflicts) < MAX_REPORTED:
+            self.launch.conflicts.append(Conflict(kind, where, first, second))
+
+
+def _address(array: np.ndarray, idx, cache: dict) -> int | None:
+    """Byte address of element ``idx`` of ``array`` (aliases of one buffer get one address), None for a slice."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if len(idx) != array.ndim or not all(isinstance(i, (int, np.integer)) for i in idx):
+        return None
+    key = id(array)
+    base = cache.get(key)
+    if base is None:
+        base = cache[key] = (array.__array_interface__["data"][0], array.strides, array)  # keep it alive
+    return base[0] + sum(int(i) * s for i, s in zip(idx, base[1]))
+
+
+def _caller_line() -> tuple[str, int]:
+    """(file, line) of the kernel code that made the access: the first frame outside this module and the
+    simulator (formatted only when a conflict is reported)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename == __file__ or "simulator" in frame.f_code.co_filename):
+        frame = frame.f_back
+    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
+
+
+def _fmt(loc) -> str:
+    import linecache
+
+    filename, lineno = loc
+    text = linecache.getline(filename, lineno).strip()
+    where = filename.strip("<>") if filename.startswith("<") else filename.rsplit("/", 1)[-1]
+    return f"{where}, line {lineno}" + (f": {text}" if text else "")
+
+
+# ----------------------------------------------------------------------------------------- the patches
+
+
+class _WatchedArray:
+    """A shared or constant array inside a simulated kernel, with its accesses recorded."""
+
+    def __init__(self, array: np.ndarray, kind: str):
+        self._a, self._kind = array, kind
+        self.shape, self.size, self.dtype, self.ndim = array.shape, array.size, array.dtype, array.ndim
+        import linecache
+        import re
+
+        filename, lineno = _caller_line()
+        found = re.match(r"\s*(\w+)\s*=", linecache.getline(filename, lineno))
+        name = found.group(1) if found else f"the {kind} array of line {lineno}"
+        try:
+            array._lk_name = name  # numpy arrays take no attributes: keep it in a side table then
+        except AttributeError:
+            _names[id(array)] = (name, array)
+
+    def __getitem__(self, idx):
+        rec = _current[0]
+        if rec is not None:
+            with _lock:
+                rec.access(self._kind, self._a, idx, False, _caller_line())
+        return self._a[idx]
+
+    def __setitem__(self, idx, value):
+        rec = _current[0]
+        if rec is not None:
+            with _lock:
+                rec.access(self._kind, self._a, idx, True, _caller_line())
+        self._a[idx] = value
+
+    def __len__(self):
+        return len(self._a)
+
+
+def _patches():
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator.cudadrv import devicearray as sim_array
+
+    within = sim_array.FakeWithinKernelCUDAArray
+    orig_get, orig_set = within.__getitem__, within.__setitem__
+    orig_call = sim_kernel.FakeCUDAKernel.__call__
+    orig_sync = sim_kernel.BlockThread.syncthreads
+    orig_shared, orig_const = kernelapi.FakeCUDAShared.array, kernelapi.FakeCUDAConst.array_like
+
+    def get(self, idx):
+        rec = _current[0]
+        if rec is not None:
+            with _lock:
+                rec.access("global", self._item._ary, idx, False, _caller_line())
+        return orig_get(self, idx)
+
+    def set_(self, idx, value):
+        rec = _current[0]
+        if rec is not None:
+            with _lock:
+                rec.access("global", self._item._ary, idx, True, _caller_line())
+        return orig_set(self, idx, value)
+
+    def call(self, *args):
+        if self._device or sim_kernel._kernel_context or not _active:
+            return orig_call(self, *args)
+        import inspect
+
+        try:
+            names = list(inspect.signature(self.fn).parameters)
+        except (TypeError, ValueError):
+            names = []
+        named = []
+        for i, a in enumerate(args):
+            arr = getattr(a, "_ary", a if isinstance(a, np.ndarray) else None)
+            if isinstance(arr, np.ndarray) and arr.ndim:
+                start = arr.__array_interface__["data"][0]
+                named.append((start, start + arr.nbytes, names[i] if i < len(names) else f"arg{i}", arr))
+        grid, block = sim_kernel.normalize_kernel_dimensions(self.grid_dim, self.block_dim)
+        launch = Launch(getattr(self.fn, "__name__", "kernel"), tuple(grid), tuple(block))
+        _current[0] = _Recorder(launch, named)
+        try:
+            return orig_call(self, *args)
+        finally:
+            _current[0] = None
+            for w in _active:
+                w.launches.append(launch)
+
+    def sync(self):
+        orig_sync(self)
+        self._lk_epoch = getattr(self, "_lk_epoch", 0) + 1
+
+    def shared(self, shape, dtype, alignment=None):
+        return _WatchedArray(orig_shared(self, shape, dtype, alignment), "shared")
+
+    def const(self, ary):
+        return _WatchedArray(np.asarray(orig_const(self, ary)), "constant")
+
+    atomics = {}
+    for name in ("add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min", "nanmax", "nanmin", "cas",
+                 "compare_and_swap"):
+        orig = getattr(kernelapi.FakeCUDAAtomic, name, None)
+        if orig is None:
+            continue
+
+        def atomic(self, *a, _orig=orig):
+            _state.atomic = True  # the accesses the simulator's atomic makes are recorded as atomic
+            try:
+                return _orig(self, *a)
+            finally:
+                _state.atomic = False
+
+        atomics[name] = (orig, atomic)
+
+    return [(within, "__getitem__", orig_get, get), (within, "__setitem__", orig_set, set_),
+            (sim_kernel.FakeCUDAKernel, "__call__", orig_call, call),
+            (sim_kernel.BlockThread, "syncthreads", orig_sync, sync),
+            (kernelapi.FakeCUDAShared, "array", orig_shared, shared),
+            (kernelapi.FakeCUDAConst, "array_like", orig_const, const),
+            *((kernelapi.FakeCUDAAtomic, n, o, new) for n, (o, new) in atomics.items())]
+
+
+_installed: list = []
+_names: dict = {}  # id(shared or constant array) -> (the kernel's name for it, the array)
+
+
+@contextmanager
+def watching():
+    """Record and judge every simulated launch made inside the block: ``with watching() as w: ...`` then
+    ``w.conflicts`` (launches with races) and ``w.totals()`` (loads and stores). Does nothing on a real GPU."""
+    from . import simulator
+
+    watch = Watch()
+    if not simulator.active():
+        yield watch
+        return
+    with _lock:
+        if not _active:
+            _installed[:] = _patches()
+            for owner, name, _, new in _installed:
+                setattr(owner, name, new)
+        _active.append(watch)
+    try:
+        yield watch
+    finally:
+        with _lock:
+            _active.remove(watch)
+            if not _active:
+                for owner, name, orig, _ in _installed:
+                    setattr(owner, name, orig)
+                _installed.clear()
+                _names.clear()

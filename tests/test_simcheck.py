@@ -1,0 +1,110 @@
+"""labkit.simcheck: races and missing barriers caught on the simulator, with the element, the threads and the
+line; loads and stores counted. (On a real GPU the instrumentation is off: a race there shows in the values.)"""
+
+import numpy as np
+import pytest
+
+import labkit as lk
+from labkit import gpu, simcheck, simulator
+
+from numba import cuda, float32  # noqa: E402  (after labkit)
+
+pytestmark = pytest.mark.skipif(not simulator.active(), reason="the instrumentation watches the CUDA simulator")
+
+
+@cuda.jit
+def zero(out):
+    t = cuda.grid(1)
+    if t < out.size:
+        out[t] = 0.0
+
+
+@cuda.jit
+def channel_partial_sums(x, w, b, out, pad, stride, atomic):
+    """One thread per (output element, input channel), each adding its channel's share into out."""
+    N, C, H, W = x.shape
+    M, _, K, _ = w.shape
+    Ho, Wo = out.shape[2], out.shape[3]
+    t = cuda.grid(1)
+    if t < N * M * Ho * Wo * C:
+        c, e = t % C, t // C
+        j, i, m, n = e % Wo, (e // Wo) % Ho, (e // (Wo * Ho)) % M, e // (Wo * Ho * M)
+        acc = b[m] if c == 0 else float32(0.0)
+        for p in range(K):
+            for q in range(K):
+                r, col = i * stride + p - pad, j * stride + q - pad
+                if 0 <= r < H and 0 <= col < W:
+                    acc += x[n, c, r, col] * w[m, c, p, q]
+        if atomic:
+            cuda.atomic.add(out, (n, m, i, j), acc)
+        else:
+            out[n, m, i, j] += acc
+
+
+def conv_race(x, w, b, out, pad, stride):
+    gpu.launch(zero, out.size, gpu.flat(out))
+    gpu.launch(channel_partial_sums, out.size * x.shape[1], x, w, b, out, pad, stride, False)
+
+
+def conv_atomic(x, w, b, out, pad, stride):
+    gpu.launch(zero, out.size, gpu.flat(out))
+    gpu.launch(channel_partial_sums, out.size * x.shape[1], x, w, b, out, pad, stride, True)
+
+
+@cuda.jit
+def block_sum(x, out, with_barrier):
+    """Each block sums its slice of x in shared memory: thread 0 reads what the others wrote."""
+    part = cuda.shared.array(8, float32)
+    t = cuda.threadIdx.x
+    part[t] = x[cuda.blockIdx.x * cuda.blockDim.x + t]
+    if with_barrier:
+        cuda.syncthreads()
+    if t == 0:
+        acc = float32(0.0)
+        for k in range(cuda.blockDim.x):
+            acc += part[k]
+        out[cuda.blockIdx.x] = acc
+
+
+def test_the_channel_race_fails_its_check_and_names_element_threads_and_line():
+    r = lk.check_layer(conv_race, "cifar10", "conv2", arrays="device", quiet=True)
+    assert not r.passed and "data race" in r.detail and "write conflict" in r.detail
+    assert "out[0, 0, 0, 0]" in r.detail and "of block" in r.detail
+    assert "out[n, m, i, j] += acc" in r.detail and "channel_partial_sums" in r.detail
+
+
+def test_the_same_sums_through_atomics_pass():
+    assert lk.check_layer(conv_atomic, "cifar10", "conv2", arrays="device", quiet=True).passed
+
+
+def test_a_missing_barrier_before_reading_shared_memory_is_caught():
+    x = cuda.to_device(np.arange(16, dtype=np.float32))
+    for barrier, hazards in ((True, 0), (False, 1)):
+        out = cuda.device_array(2, np.float32)
+        with simcheck.watching() as w:
+            block_sum[2, 8](x, out, barrier)
+        assert len(w.conflicts) == hazards
+    text = w.conflicts[0].describe()
+    assert "shared-memory" in text and "with no barrier between on part[" in text
+    assert "acc += part[k]" in text and "part[t] = x[" in text  # the two lines that race
+
+
+def test_loads_and_stores_are_counted_per_kind_and_thread():
+    x = cuda.to_device(np.arange(16, dtype=np.float32))
+    out = cuda.device_array(2, np.float32)
+    with simcheck.watching() as w:
+        block_sum[2, 8](x, out, True)
+    (launch,) = w.launches
+    assert launch.loads["global"] == 16 and launch.stores["shared"] == 16 and launch.loads["shared"] == 16
+    assert launch.stores["global"] == 2 and launch.threads == 16
+    assert launch.per_thread_max("shared load") == 8  # thread 0 of each block reads all 8
+    assert w.totals()["global load"] == 16
+
+
+def test_nothing_is_watched_outside_the_block():
+    x = cuda.to_device(np.arange(16, dtype=np.float32))
+    out = cuda.device_array(2, np.float32)
+    with simcheck.watching() as w:
+        pass
+    block_sum[2, 8](x, out, False)  # outside: not recorded, not judged
+    assert w.launches == []
