@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,11 +42,14 @@ class CheckResult:
     detail: str = ""
     seed: int | None = None
     shapes: dict = field(default_factory=dict)
+    note: str = ""  # a PASS that is not about values (a technique check) says what it found instead
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __str__(self) -> str:
+        if self.passed and self.note:
+            return f"{self.name}: PASS ({self.note})"
         if self.passed:
             return (f"{self.name}: PASS (rel. error {self.error:.1e} <= {self.tol:.0e}, "
                     f"batches {' '.join(map(str, self.batches))})")
@@ -205,10 +209,11 @@ def describe_failure(exc: BaseException, name: str) -> str:
     return f"{name} raised {type(exc).__name__}: {' '.join(str(exc).split())}{where}"
 
 
-def _run_case(name: str, case: Case, call: Callable[[], np.ndarray], batch: int, tol: float) -> CheckResult:
+def _run_case(name: str, case: Case, call: Callable[[], np.ndarray], batch: int, tol: float,
+              watch_races: bool = True) -> CheckResult:
     """Run one case; on the simulator every launch is also watched for races and missing barriers, which fail
     the check even when the values come out right (the simulator hides what a GPU would show)."""
-    with gpu.counting() as counts, simcheck.watching() as watch:
+    with gpu.counting() as counts, simcheck.watching() if watch_races else nullcontext(simcheck.Watch()) as watch:
         try:
             got = call()
         except Exception as exc:  # noqa: BLE001 - any student error becomes a FAIL line, not a traceback wall
@@ -219,13 +224,14 @@ def _run_case(name: str, case: Case, call: Callable[[], np.ndarray], batch: int,
     return compare(name, got, case.expected, tol, batch=batch, launches=counts.launches)
 
 
-def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, quiet) -> CheckResult:
+def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, quiet,
+           watch_races: bool = True) -> CheckResult:
     seed = fresh_seed(seed)
     rng = np.random.default_rng(seed)
     result = CheckResult(name, False, detail="no batch sizes to check")
     for n in batches:
         case = make_case(n, rng)
-        result = _run_case(name, case, lambda: call(case), n, tol)
+        result = _run_case(name, case, lambda: call(case), n, tol, watch_races)
         result.seed = seed
         result.shapes = {"input": case.x.shape[1:]}
         if not result.passed:
@@ -266,8 +272,9 @@ def check_network(variant: Variant, net: str | Net, *, batches: tuple[int, ...] 
         return engine.forward(case.net, variant, prepared, check=True)
 
     default = simulator.BATCHES if simulator.shrinks(variant.target) else NETWORK_BATCHES
+    # every function was watched for races in its own check; the chain is about what passes between layers
     return _check(lambda n, rng: network_case(net, n, rng, variant.target), call, f"{name} forward",
-                  tuple(batches or default), tol, seed, quiet)
+                  tuple(batches or default), tol, seed, quiet, watch_races=False)
 
 
 def check_variant(variant: Variant, net: str | Net | None = None, quiet: bool = False,
@@ -307,3 +314,40 @@ def check_variant(variant: Variant, net: str | Net | None = None, quiet: bool = 
         if network and layer_results and all(layer_results):
             results.append(check_network(variant, spec, quiet=quiet, batches=batches))
     return results
+
+
+MEMORY_WORDS = {"shared": "shared memory", "constant": "constant memory"}
+
+
+def check_technique(fn: Callable, net: str | Net, layer: str, memory: str, *, arrays: str = "device",
+                    quiet: bool = False) -> CheckResult:
+    """Does ``fn`` use the memory its stage is about ("shared" or "constant")? On the simulator: its kernels load
+    from that memory (counted by ``labkit.simcheck``); on a GPU: a kernel it launched has that memory in its
+    compiled resources (numba's per-kernel sizes, or a cupy RawKernel's attributes). Values are checked elsewhere."""
+    from . import counts
+
+    if memory not in MEMORY_WORDS:
+        raise ValueError(f"memory must be one of {', '.join(MEMORY_WORDS)}, not {memory!r}")
+    net = get_net(net)
+    name = f"{layer} uses {MEMORY_WORDS[memory]}"
+    try:
+        if simulator.active():
+            c = counts.count_layer(fn, net.name, layer, arrays)
+            loads = c.per_output(f"{memory} load")
+            result = CheckResult(name, loads > 0, note=f"{loads:.1f} {MEMORY_WORDS[memory]} loads per output "
+                                                       f"element, counted on the simulator")
+        else:
+            case = layer_case(net, layer, 1, np.random.default_rng(0), target="gpu")
+            with gpu.counting() as launched:
+                engine.call_layer(fn, case.layer, case.x, case.weights, arrays)
+            use = {k: gpu.memory_use(obj).get(memory, 0) for k, obj in launched.launched.items()}
+            used = {k: v for k, v in use.items() if v > 0}
+            result = CheckResult(name, bool(used), note=", ".join(f"{k}: {v} bytes" for k, v in used.items()))
+    except Exception as exc:  # noqa: BLE001 - a raise is the value check's business; say it here in one line
+        return CheckResult(name, False, detail=describe_failure(exc, layer))
+    if not result.passed:
+        result.detail = (f"its kernels use no {MEMORY_WORDS[memory]}: this stage asks for kernels that stage their "
+                         f"data in {MEMORY_WORDS[memory]}")
+    if not quiet:
+        print(result)
+    return result

@@ -61,14 +61,17 @@ class Counts:
     htod_bytes: int = 0
     dtoh_bytes: int = 0
     kernels: Counter = field(default_factory=Counter)
+    launched: dict = field(default_factory=dict)  # kernel name -> the kernel object (for its resource usage)
 
     @contextmanager
-    def activity(self, name: str, kind: str, nbytes: int = 0, blocks: int = 0, threads: int = 0):
+    def activity(self, name: str, kind: str, nbytes: int = 0, blocks: int = 0, threads: int = 0, kernel=None):
         if kind == "kernel":
             self.launches += 1
             self.blocks += blocks
             self.threads += threads
             self.kernels[name] += 1
+            if kernel is not None:
+                self.launched[name] = kernel
         elif kind == "HtoD":
             self.htod += 1
             self.htod_bytes += nbytes
@@ -106,7 +109,32 @@ def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
     config = (grid, block) if not shared_bytes else (grid, block, 0, shared_bytes)
     n_blocks, per_block = math.prod(_dims(grid)), math.prod(_dims(block))
     return _recorded("kernel", kernel_name(kernel), 0, lambda: kernel[config](*args), blocks=n_blocks,
-                     threads=n_blocks * per_block)
+                     threads=n_blocks * per_block, kernel=kernel)
+
+
+def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
+    """Launch a CUDA C kernel of a ``cupy.RawModule`` (``kernel(grid, block, args)``), counted and recorded like
+    every other launch."""
+    grid, block = _dims(grid), _dims(block)
+    n_blocks, per_block = math.prod(grid), math.prod(block)
+    return _recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0,
+                     lambda: kernel(grid, block, args, shared_mem=shared_bytes), blocks=n_blocks,
+                     threads=n_blocks * per_block, kernel=kernel)
+
+
+def memory_use(kernel) -> dict[str, int]:
+    """Bytes of static shared memory per block and of constant memory a compiled kernel uses (numba's compiled
+    overloads, or a cupy RawKernel's attributes); empty for a kernel not compiled yet or on the simulator."""
+    if hasattr(kernel, "get_shared_mem_per_block") and getattr(kernel, "overloads", None):
+        def biggest(v):
+            return max(v.values(), default=0) if isinstance(v, dict) else int(v or 0)
+
+        return {"shared": biggest(kernel.get_shared_mem_per_block()),
+                "constant": biggest(kernel.get_const_mem_size())}
+    attrs = getattr(kernel, "attributes", None)
+    if isinstance(attrs, dict):
+        return {"shared": int(attrs.get("shared_size_bytes", 0)), "constant": int(attrs.get("const_size_bytes", 0))}
+    return {}
 
 
 def _dims(d) -> tuple[int, ...]:

@@ -57,6 +57,10 @@ class Net:
     workloads: tuple[int, ...] = ()
     classes: tuple[str, ...] = field(default=())
     default_images: int = 0  # what `labkit run` uses when no count is given
+    #: how ``labkit.data.to_input`` turns stored uint8 images into this net's input: "" for the dataset's own
+    #: preparation (cifar10: byte/255 - 0.5; fashion: byte/255, bilinear with clamped edges), "ece408" for the
+    #: ECE408 project's (skimage-style bilinear resize with zeros outside the image, truncated to uint8, 0..255)
+    input_prep: str = ""
 
     def layer(self, name: str) -> Layer:
         for layer in self.layers:
@@ -115,7 +119,7 @@ class Net:
             layers.append(layer)
         c = self.input_shape[0]
         net = Net(self.name + SCALED_SUFFIX, (c, *input_hw), tuple(layers), self.dataset, self.report, (), self.classes,
-                  default_images=2)
+                  default_images=2, input_prep=self.input_prep)
         if any(d < 1 for shape in net.shapes().values() for d in shape):
             raise ValueError(f"input {input_hw} is too small for {self.name}: some layer would have no output")
         return net
@@ -197,7 +201,31 @@ FASHION = Net(
              "Ankle boot"),
 )
 
-NETS = {net.name: net for net in (CIFAR10, FASHION)}
+# The ECE408 Spring 2019 project's own trained model (MXNet, layers new0/new1/fullyconnected0/fullyconnected1).
+# The kit ships no weights for it (they are the course's): labkit.weights_io.load_mxnet_params imports its .params.
+ECE408 = Net(
+    name="ece408",
+    input_shape=(1, 48, 48),
+    layers=(
+        Layer("conv1", "conv", out=6, kernel=5, pad=0, bias=False),
+        Layer("tanh1", "tanh"),
+        Layer("pool1", "pool", kernel=2, stride=2),
+        Layer("conv2", "conv", out=16, kernel=5, pad=0, bias=False),
+        Layer("flatten", "flatten"),
+        Layer("fc1", "fc", out=140),
+        Layer("tanh2", "tanh"),
+        Layer("fc2", "fc", out=10),
+        Layer("softmax", "softmax"),
+    ),
+    dataset="fashion",
+    report="ece408",
+    workloads=(100, 1000, 10000),
+    default_images=10000,
+    classes=FASHION.classes,
+    input_prep="ece408",
+)
+
+NETS = {net.name: net for net in (CIFAR10, FASHION, ECE408)}
 
 
 def get_net(net: str | Net) -> Net:

@@ -8,14 +8,13 @@
   to parallelize is shown once per function (stage 02 asks the student to read it), not on every call.
 - On a machine with no CUDA driver at all (a laptop), the CUDA simulator is switched on before numba is imported,
   so GPU kernels run (shrunk, labelled as simulated) instead of failing; ``NUMBA_ENABLE_CUDASIM=0`` set by hand
-  keeps it off. Under the simulator, Python's thread switch interval is shortened: simulated threads hand the
-  interpreter over at every barrier.
+  keeps it off. Under the simulator its block manager sleeps between polls instead of spinning
+  (``labkit.simulator.be_polite``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 
 _applied = False
@@ -41,4 +40,4 @@ def apply() -> None:
     from .device import simulator_requested
 
     if simulator_requested():
-        sys.setswitchinterval(simulator.SWITCH_INTERVAL)
+        simulator.be_polite()

@@ -108,18 +108,80 @@ _current: list = [None]  # the _Recorder of the launch in progress (the simulato
 
 
 class _Recorder:
+    """The accesses of one launch, appended as they happen (the cheap part, in the simulated threads) and judged
+    once the launch has ended (in the launching thread)."""
+
     def __init__(self, launch: Launch, named: list[tuple[int, int, str, np.ndarray]]):
         self.launch = launch
         self.named = named  # (start address, end address, name, array) of the kernel's array arguments
-        self.writers: dict = {}  # global address -> (thread, line, atomic)
-        self.shared: dict = {}  # (block, address) -> [writer thread, epoch, line, {reader thread: line}]
         self.bases: dict = {}  # id(array) -> (address, strides, array)
+        self.log: list = []  # (kind, address, thread, epoch, store, atomic, file, line, array, idx)
+
+    def record(self, kind: str, array: np.ndarray, idx, store: bool) -> None:
+        t = threading.current_thread()
+        if not hasattr(t, "threadIdx"):
+            return
+        frame = sys._getframe(2)
+        while frame.f_code in _SKIPPED:
+            frame = frame.f_back
+        while frame.f_code.co_filename == __file__ or "simulator" in frame.f_code.co_filename:
+            _SKIPPED.add(frame.f_code)
+            frame = frame.f_back
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        base = self.bases.get(id(array))
+        if base is None:
+            base = self.bases[id(array)] = (array.__array_interface__["data"][0], array.strides, array)
+        try:
+            addr = base[0] + sum(i * st for i, st in zip(idx, base[1])) if len(idx) == array.ndim else None
+        except TypeError:  # a slice: not one element
+            addr = None
+        self.log.append((kind, addr, t, getattr(t, "_lk_epoch", 0), store, getattr(_state, "atomic", False),
+                         frame.f_code.co_filename, frame.f_lineno, array, idx))
+
+    def judge(self) -> None:
+        launch = self.launch
+        writers: dict = {}  # global address -> (thread, line, atomic)
+        shared: dict = {}  # (block, address) -> [writer, epoch, line, {reader: line}]
+        for kind, addr, t, epoch, store, atomic, filename, lineno, array, idx in self.log:
+            me = (tuple(t.blockIdx), tuple(t.threadIdx))
+            line = (filename, lineno)
+            (launch.stores if store else launch.loads)[kind] += 1
+            launch.per_thread[me][f"{kind} {'store' if store else 'load'}"] += 1
+            if addr is None or kind == "constant":
+                continue
+            if kind == "global":
+                if store:
+                    prev = writers.get(addr)
+                    if prev is not None and prev[0] != me and not (prev[2] and atomic):
+                        self.conflict("write conflict (two threads, no atomic)", self.name(addr, kind, array, idx),
+                                      (prev[0], prev[1]), (me, line))
+                    writers[addr] = (me, line, atomic)
+                continue
+            rec = shared.get((me[0], addr))
+            if rec is None or rec[1] != epoch:
+                rec = shared[(me[0], addr)] = [None, epoch, None, {}]
+            if store:
+                if rec[0] is not None and rec[0] != me and not atomic:
+                    self.conflict("shared-memory write conflict with no barrier between",
+                                  self.name(addr, kind, array, idx), (rec[0], rec[2]), (me, line))
+                readers = [(r, ln) for r, ln in rec[3].items() if r != me]
+                if readers and not atomic:
+                    self.conflict("shared-memory write after another thread's read with no barrier between",
+                                  self.name(addr, kind, array, idx), readers[0], (me, line))
+                rec[0], rec[2] = me, line
+            else:
+                if rec[0] is not None and rec[0] != me:
+                    self.conflict("shared-memory read of another thread's write with no barrier between",
+                                  self.name(addr, kind, array, idx), (rec[0], rec[2]), (me, line))
+                if len(rec[3]) < 4:
+                    rec[3].setdefault(me, line)
+        self.log.clear()
 
     def name(self, addr: int, kind: str, array, idx=None) -> str:
         if kind != "global":
-            label = getattr(array, "_lk_name", None) or _names.get(id(array), (f"a {kind} array",))[0]
-            return f"{label}[{', '.join(map(str, idx if isinstance(idx, tuple) else (idx,)))}]" if idx is not None \
-                else label
+            label = _names.get(id(array), (f"a {kind} array",))[0]
+            return f"{label}[{', '.join(map(str, idx))}]" if idx is not None else label
         for start, end, name, arr in self.named:
             if start <= addr < end:
                 idx = np.unravel_index((addr - start) // arr.itemsize, arr.shape) if arr.flags.c_contiguous \
@@ -127,71 +189,17 @@ class _Recorder:
                 return f"{name}[{', '.join(map(str, idx))}]" if idx is not None else name
         return f"a {kind} array"
 
-    def access(self, kind: str, array: np.ndarray, idx, store: bool, line: tuple) -> None:
-        t = threading.current_thread()
-        block, thread = getattr(t, "blockIdx", None), getattr(t, "threadIdx", None)
-        if block is None:
-            return
-        me = (tuple(block), tuple(thread))
-        addr = _address(array, idx, self.bases)
-        launch = self.launch
-        (launch.stores if store else launch.loads)[kind] += 1
-        launch.per_thread[me][f"{kind} {'store' if store else 'load'}"] += 1
-        if addr is None or kind == "constant":
-            return
-        atomic = getattr(_state, "atomic", False)
-        if kind == "global":
-            if not store:
-                return
-            prev = self.writers.get(addr)
-            if prev is not None and prev[0] != me and not (prev[2] and atomic):
-                self.conflict("write conflict (two threads, no atomic)", self.name(addr, kind, array, idx),
-                              (prev[0], prev[1]), (me, line))
-            self.writers[addr] = (me, line, atomic)
-            return
-        epoch = getattr(t, "_lk_epoch", 0)
-        rec = self.shared.get((me[0], addr))
-        if rec is None or rec[1] != epoch:
-            rec = [None, epoch, None, {}]
-            self.shared[(me[0], addr)] = rec
-        if store:
-            if rec[0] is not None and rec[0] != me and not atomic:
-                self.conflict("shared-memory write conflict with no barrier between",
-                              self.name(addr, kind, array, idx), (rec[0], rec[2]), (me, line))
-            readers = [(r, ln) for r, ln in rec[3].items() if r != me]
-            if readers and not atomic:
-                self.conflict("shared-memory write after another thread's read with no barrier between",
-                              self.name(addr, kind, array, idx), readers[0], (me, line))
-            rec[0], rec[2] = me, line
-        else:
-            if rec[0] is not None and rec[0] != me:
-                self.conflict("shared-memory read of another thread's write with no barrier between",
-                              self.name(addr, kind, array, idx), (rec[0], rec[2]), (me, line))
-            if len(rec[3]) < 4:
-                rec[3].setdefault(me, line)
-
     def conflict(self, kind, where, first, second) -> None:
         self.launch.conflict_count += 1
         if len(self.launch.conflicts) < MAX_REPORTED:
             self.launch.conflicts.append(Conflict(kind, where, first, second))
 
 
-def _address(array: np.ndarray, idx, cache: dict) -> int | None:
-    """Byte address of element ``idx`` of ``array`` (aliases of one buffer get one address), None for a slice."""
-    if not isinstance(idx, tuple):
-        idx = (idx,)
-    if len(idx) != array.ndim or not all(isinstance(i, (int, np.integer)) for i in idx):
-        return None
-    key = id(array)
-    base = cache.get(key)
-    if base is None:
-        base = cache[key] = (array.__array_interface__["data"][0], array.strides, array)  # keep it alive
-    return base[0] + sum(int(i) * s for i, s in zip(idx, base[1]))
+_SKIPPED: set = set()  # code objects of the wrappers and the simulator: never the kernel's line
 
 
 def _caller_line() -> tuple[str, int]:
-    """(file, line) of the kernel code that made the access: the first frame outside this module and the
-    simulator (formatted only when a conflict is reported)."""
+    """(file, line) of the kernel code that is running: the first frame outside this module and the simulator."""
     frame = sys._getframe(2)
     while frame is not None and (frame.f_code.co_filename == __file__ or "simulator" in frame.f_code.co_filename):
         frame = frame.f_back
@@ -221,24 +229,18 @@ class _WatchedArray:
 
         filename, lineno = _caller_line()
         found = re.match(r"\s*(\w+)\s*=", linecache.getline(filename, lineno))
-        name = found.group(1) if found else f"the {kind} array of line {lineno}"
-        try:
-            array._lk_name = name  # numpy arrays take no attributes: keep it in a side table then
-        except AttributeError:
-            _names[id(array)] = (name, array)
+        _names[id(array)] = (found.group(1) if found else f"the {kind} array of line {lineno}", array)
 
     def __getitem__(self, idx):
         rec = _current[0]
         if rec is not None:
-            with _lock:
-                rec.access(self._kind, self._a, idx, False, _caller_line())
+            rec.record(self._kind, self._a, idx, False)
         return self._a[idx]
 
     def __setitem__(self, idx, value):
         rec = _current[0]
         if rec is not None:
-            with _lock:
-                rec.access(self._kind, self._a, idx, True, _caller_line())
+            rec.record(self._kind, self._a, idx, True)
         self._a[idx] = value
 
     def __len__(self):
@@ -259,15 +261,13 @@ def _patches():
     def get(self, idx):
         rec = _current[0]
         if rec is not None:
-            with _lock:
-                rec.access("global", self._item._ary, idx, False, _caller_line())
+            rec.record("global", self._item._ary, idx, False)
         return orig_get(self, idx)
 
     def set_(self, idx, value):
         rec = _current[0]
         if rec is not None:
-            with _lock:
-                rec.access("global", self._item._ary, idx, True, _caller_line())
+            rec.record("global", self._item._ary, idx, True)
         return orig_set(self, idx, value)
 
     def call(self, *args):
@@ -287,11 +287,12 @@ def _patches():
                 named.append((start, start + arr.nbytes, names[i] if i < len(names) else f"arg{i}", arr))
         grid, block = sim_kernel.normalize_kernel_dimensions(self.grid_dim, self.block_dim)
         launch = Launch(getattr(self.fn, "__name__", "kernel"), tuple(grid), tuple(block))
-        _current[0] = _Recorder(launch, named)
+        recorder = _current[0] = _Recorder(launch, named)
         try:
             return orig_call(self, *args)
         finally:
             _current[0] = None
+            recorder.judge()
             for w in _active:
                 w.launches.append(launch)
 
@@ -300,7 +301,21 @@ def _patches():
         self._lk_epoch = getattr(self, "_lk_epoch", 0) + 1
 
     def shared(self, shape, dtype, alignment=None):
-        return _WatchedArray(orig_shared(self, shape, dtype, alignment), "shared")
+        if shape == 0:  # dynamic shared memory: one buffer for the whole launch, as the simulator has it
+            return _WatchedArray(orig_shared(self, shape, dtype, alignment), "shared")
+        # the simulator tells allocations apart by the source line that makes them: key by the kernel's line,
+        # not this wrapper's (else every shared array of a kernel would be one and the same)
+        from numba.cuda import types as cuda_types
+        from numba.cuda.np import numpy_support
+
+        if isinstance(dtype, cuda_types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        array = self._allocations.get(key)
+        if array is None:
+            array = self._allocations[key] = np.empty(shape, dtype)
+        return _WatchedArray(array, "shared")
 
     def const(self, ary):
         return _WatchedArray(np.asarray(orig_const(self, ary)), "constant")

@@ -1,5 +1,6 @@
 """Weights files: the kit's shipped ``.npz`` files (float16-stored large layers upcast on load), any ``.npz`` that
-fits a spec, and the original C study's text format. Every figure the kit computes comes from weights as loaded here.
+fits a spec, the original C study's text format, and the ECE408 project's MXNet ``.params`` file. Every figure the
+kit computes comes from weights as loaded here.
 """
 
 from __future__ import annotations
@@ -43,16 +44,21 @@ def shipped_weights_path(net: str | Net) -> Path:
 
 
 def load_weights(net: str | Net, path: str | Path | None = None) -> dict[str, np.ndarray]:
-    """Load weights for ``net`` as float32: the kit's shipped file by default, an ``.npz``, or a folder of
-    the C study's text files (``layer1_conv.txt`` ...). float16-stored layers are upcast here, so every
-    figure the kit computes comes from the weights as loaded."""
+    """Load weights for ``net`` as float32: the kit's shipped file by default, an ``.npz``, a folder of
+    the C study's text files (``layer1_conv.txt`` ...), or an MXNet ``.params`` file (``ece408``). float16-stored
+    layers are upcast here, so every figure the kit computes comes from the weights as loaded."""
     net = get_net(net)
+    if path is None and net.name in NOT_SHIPPED:
+        raise FileNotFoundError(NOT_SHIPPED[net.name])
     path = Path(path) if path is not None else shipped_weights_path(net)
     if path.is_dir():
         return load_c_study_weights(path, net)
+    if path.suffix == ".params" and path.is_file():
+        return load_mxnet_params(path, net)
     if not path.exists():
         raise FileNotFoundError(
-            f"no weights at {path}. Pass an .npz file or a folder with the C study's layerN_*.txt files"
+            f"no weights at {path}. Pass an .npz file, a folder with the C study's layerN_*.txt files, or (ece408) "
+            f"the ECE408 project's .params file"
             + ("; the shipped weights are made by `python tools/train_weights.py`" if path.parent == WEIGHTS_DIR
                else "")
         )
@@ -165,3 +171,138 @@ def load_c_study_weights(folder: str | Path, net: str | Net = "cifar10") -> dict
             w, b = read_c_conv(folder / fname)
         weights[f"{layer}.weight"], weights[f"{layer}.bias"] = w, b
     return validate_weights(net, weights, source=str(folder))
+
+
+# ------------------------------------------------------------------------ the ECE408 project's MXNet .params
+
+#: nets whose trained weights the kit does not ship, and where to get them (one line, the error without them)
+NOT_SHIPPED = {
+    "ece408": ("labkit ships no weights for ece408 (the ECE408 course's trained model, licence unknown): get "
+               "models/ece408-0002.params from github.com/illinois-impact/ece408_mxnet_docker (branch 2019sp; the "
+               "course data folder has it as ece408-model/ece408-sp19-0002.params) and load it with "
+               "--weights PATH/ece408-sp19-0002.params (weights=PATH in Python)"),
+}
+
+#: MXNet argument names of each importable net -> the kit's weight keys
+MXNET_NAMES = {
+    "ece408": {"new0_weight": "conv1.weight", "new1_weight": "conv2.weight",
+               "fullyconnected0_weight": "fc1.weight", "fullyconnected0_bias": "fc1.bias",
+               "fullyconnected1_weight": "fc2.weight", "fullyconnected1_bias": "fc2.bias"},
+}
+
+MXNET_LIST_MAGIC = 0x112  # kMXAPINDArrayListMagic
+MXNET_NDARRAY_MAGIC = 0xF993FAC9  # NDARRAY_V2_MAGIC
+MXNET_DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<f8"), 2: np.dtype("<f2")}  # mshadow type flags
+
+
+class _Reader:
+    """Little-endian reads from a byte string; running past the end is one clear error."""
+
+    def __init__(self, blob: bytes, source: str):
+        self.blob, self.pos, self.source = blob, 0, source
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or self.pos + n > len(self.blob):
+            raise ValueError(f"{self.source} is truncated: it ends at byte {len(self.blob)} while reading {what} "
+                             f"(at byte {self.pos}, {n} bytes); fetch the .params file again")
+        out = self.blob[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def num(self, fmt: str, what: str) -> int:
+        dt = np.dtype(fmt)
+        return int(np.frombuffer(self.take(dt.itemsize, what), dt)[0])
+
+
+def read_mxnet_params(path: str | Path) -> dict[str, np.ndarray]:
+    """An MXNet NDArray list file (``mx.nd.save``, e.g. ``model-0002.params``) as {name: array}, names as stored
+    (``arg:new0_weight``). Dense arrays of float32/float64/float16 only. Format (little-endian): uint64 0x112,
+    uint64 0, uint64 count; per array uint32 0xF993FAC9, int32 storage type (0 dense), uint32 ndim, int64
+    dims[ndim], int32 dev_type, int32 dev_id, int32 dtype, raw data; then uint64 count and per name uint64 length
+    and its bytes."""
+    path = Path(path)
+    src = str(path)
+    r = _Reader(path.read_bytes(), src)
+    if len(r.blob) < 24 or r.num("<u8", "the header") != MXNET_LIST_MAGIC:
+        raise ValueError(f"{src} is not an MXNet NDArray list (.params) file: it does not start with the list "
+                         f"magic 0x112 (mx.nd.save writes it)")
+    if r.num("<u8", "the header") != 0:
+        raise ValueError(f"{src}: the reserved header field of an MXNet .params file must be 0; not an NDArray list")
+    count = r.num("<u8", "the array count")
+    if count > len(r.blob) // 32:  # each array takes at least 32 bytes (header, context, dtype, name length)
+        raise ValueError(f"{src} is truncated, or not an MXNet .params file: its header promises {count} arrays in "
+                         f"{len(r.blob)} bytes")
+    arrays = []
+    for i in range(count):
+        what = f"array {i}"
+        magic = r.num("<u4", f"{what}'s magic")
+        if magic != MXNET_NDARRAY_MAGIC:
+            raise ValueError(f"{src}: {what} starts with 0x{magic:X}, not the NDArray magic 0x{MXNET_NDARRAY_MAGIC:X} "
+                             f"(only MXNet's v2 dense format is read)")
+        stype = r.num("<i4", f"{what}'s storage type")
+        if stype != 0:
+            raise ValueError(f"{src}: {what} has storage type {stype} (sparse); only dense arrays (0) are read")
+        ndim = r.num("<u4", f"{what}'s ndim")
+        if ndim == 0 or ndim > 32:
+            raise ValueError(f"{src}: {what} claims {ndim} dimensions; not a model's weights (an empty NDArray, or "
+                             f"not an NDArray list file)")
+        shape = tuple(r.num("<i8", f"{what}'s shape") for _ in range(ndim))
+        if any(d < 0 for d in shape):
+            raise ValueError(f"{src}: {what} has shape {shape} with a negative size; not an NDArray list file")
+        r.take(8, f"{what}'s context")  # dev_type, dev_id: where it lived, irrelevant here
+        flag = r.num("<i4", f"{what}'s dtype")
+        if flag not in MXNET_DTYPES:
+            raise ValueError(f"{src}: {what} has dtype flag {flag}; only float32 (0), float64 (1) and float16 (2) "
+                             f"are read")
+        dt = MXNET_DTYPES[flag]
+        size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        raw = r.take(size * dt.itemsize, f"{what}'s {size} values")
+        arrays.append(np.frombuffer(raw, dt).reshape(shape))
+    n_names = r.num("<u8", "the name count")
+    if n_names != count:
+        raise ValueError(f"{src}: {count} arrays but {n_names} names; the kit needs every array named")
+    names = []
+    for i in range(n_names):
+        length = r.num("<u8", f"name {i}'s length")
+        raw = r.take(length, f"name {i}")
+        try:
+            names.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"{src}: name {i} is not UTF-8 text; not an NDArray list file") from None
+    if r.pos != len(r.blob):
+        raise ValueError(f"{src}: {len(r.blob) - r.pos} stray bytes after the last name; not a complete .params file")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{src}: a name appears twice: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    return dict(zip(names, arrays))
+
+
+def load_mxnet_params(path: str | Path, net: str | Net = "ece408") -> dict[str, np.ndarray]:
+    """Import an MXNet ``.params`` file (the ECE408 project's ``ece408-0002.params``) as the kit's weights,
+    float32, checked against the spec. Names map as ``MXNET_NAMES`` says (``arg:new0_weight`` -> ``conv1.weight``
+    ...); MXNet's layouts are the kit's (conv [M, C, K, K], fc [out, in], flatten C,H,W), so nothing is permuted."""
+    net = get_net(net)
+    path = Path(path)
+    if net.name not in MXNET_NAMES:
+        raise ValueError(f"{path}: an MXNet .params file can be imported for {', '.join(MXNET_NAMES)} only, "
+                         f"not {net.name!r}")
+    names = MXNET_NAMES[net.name]
+    stored = read_mxnet_params(path)
+    plain = {plain_name(k): v for k, v in stored.items()}
+    unexpected = sorted(k for k in stored if plain_name(k) not in names)
+    missing = sorted(set(names) - set(plain))
+    if unexpected or missing:
+        raise ValueError(f"{path} does not hold the {net.name} model: unexpected arrays {unexpected or 'none'}, "
+                         f"missing {['arg:' + m for m in missing] or 'none'}")
+    expected = net.weight_shapes()
+    weights = {}
+    for mx_name, key in names.items():
+        arr = plain[mx_name]
+        if arr.shape != expected[key]:
+            raise ValueError(f"{path}: arg:{mx_name} has shape {arr.shape}; {net.name}'s {key} needs {expected[key]}")
+        weights[key] = arr
+    return validate_weights(net, weights, source=str(path))
+
+
+def plain_name(name: str) -> str:
+    """An MXNet array name without its ``arg:``/``aux:`` prefix."""
+    return name.split(":", 1)[1] if name.startswith(("arg:", "aux:")) else name

@@ -57,8 +57,11 @@ def test_bad_weights_file_is_one_clear_error(tmp_path):
 
 
 def test_info_and_data_where():
+    from labkit import device
+
     code, out = run("info")
-    assert code == 0 and "simulator" in out.lower() and "data cifar10" in out
+    assert code == 0 and "data cifar10" in out
+    assert ("mode:        real GPU" if device.is_gpu() else "simulator") in out
     code, out = run("data", "where")
     assert code == 0 and ("$LABKIT_DATA" in out or "repository data/" in out)
 

@@ -110,7 +110,8 @@ def test_registry_names_official_files():
         data.get_dataset("mnist")
 
 
-def test_registry_md5_matches_real_files(cifar_root, fashion_root):
+def test_registry_md5_matches_real_files(cifar_root, fashion_root, need):
+    need(*(f"{ds.folder}/{name}" for ds in DATASETS.values() for name, md5 in ds.files.items() if md5))
     for ds, root in ((DATASETS["cifar10"], cifar_root), (DATASETS["fashion"], fashion_root)):
         for name, expected in ds.files.items():
             if expected is not None:
@@ -144,7 +145,8 @@ def test_cifar_1200_train_images(cifar_root):
     assert np.array_equal(got.images.reshape(1200, -1), raw[:, 1:])
 
 
-def test_cifar_full_training_set(cifar_root):
+def test_cifar_full_training_set(cifar_root, need):
+    need(*(f"{CIFAR}/data_batch_{i}.bin" for i in range(1, 6)))
     got = load_cifar10()
     assert got.images.shape == (50000, 3, 32, 32) and got.labels.shape == (50000,)
     assert np.bincount(got.labels[:10000], minlength=10).tolist() == BATCH1_CLASS_COUNTS
@@ -158,7 +160,8 @@ def test_cifar_full_training_set(cifar_root):
     assert np.allclose(means, [0.49140, 0.48216, 0.44653], atol=1e-5)
 
 
-def test_cifar_partial_test_batch(cifar_root):
+def test_cifar_partial_test_batch(cifar_root, need):
+    need(f"{CIFAR}/test_batch.bin")
     got = load_cifar10(split="test")
     assert len(got) == 1000 and got.split == "test"
     raw = (cifar_root / CIFAR / "test_batch.bin").read_bytes()
@@ -201,7 +204,8 @@ def test_fashion_test_set(fashion_root):
         load_fashion(0)
 
 
-def test_fashion_train_set(fashion_root):
+def test_fashion_train_set(fashion_root, need):
+    need(f"{FASHION}/train-images-idx3-ubyte.gz", f"{FASHION}/train-labels-idx1-ubyte.gz")
     got = load_fashion(split="train")
     assert got.images.shape == (60000, 1, 28, 28) and got.labels.shape == (60000,)
     assert np.bincount(got.labels).tolist() == [6000] * 10
@@ -246,7 +250,8 @@ def test_train_images_stop_at_a_partial_or_missing_batch(roots, rng):
         load_cifar10(8)
 
 
-def test_train_images_stop_at_a_missing_batch(roots, cifar_root, rng):
+def test_train_images_stop_at_a_missing_batch(roots, cifar_root, rng, need):
+    need(f"{CIFAR}/data_batch_1.bin")
     env, _, _ = roots
     folder = env / CIFAR
     folder.mkdir()
@@ -276,7 +281,8 @@ def test_bad_label_byte(tmp_path, rng):
         read_cifar_batch(tmp_path / "x.bin")
 
 
-def test_corrupt_complete_batch_fails_checksum(roots, cifar_root, rng):
+def test_corrupt_complete_batch_fails_checksum(roots, cifar_root, rng, need):
+    need(f"{CIFAR}/data_batch_1.bin")
     env, _, _ = roots
     folder = env / CIFAR
     folder.mkdir()

@@ -134,7 +134,8 @@ def test_weights_npz_round_trip_and_validation(tmp_path, rng):
         weights_io.load_weights(net, tmp_path / "absent.npz")
 
 
-def test_c_study_importer_matches_the_golden_conv1_output(c_study_weights, cifar_root):
+def test_c_study_importer_matches_the_golden_conv1_output(c_study_weights, cifar_root, need):
+    need("cnn-cifar10-weights/conv1_output_image0.gold.txt")
     w = weights_io.load_c_study_weights(c_study_weights)
     gold = np.loadtxt(c_study_weights / "conv1_output_image0.gold.txt", skiprows=1).reshape(16, 32, 32)
     x = data.to_input("cifar10", data.load_cifar10(1))

@@ -92,7 +92,8 @@ def test_fashion_recorded_accuracy_recomputes_exactly(fashion_root):
     assert reference.accuracy(probs, images.labels) == recorded(FASHION, 1000, "test")
 
 
-def test_shipped_weights_far_above_chance(cifar_root, fashion_root):
+def test_shipped_weights_far_above_chance(cifar_root, fashion_root, need):
+    need("cifar-10-batches-bin/test_batch.bin")
     # Chance is 0.10 for both. Thresholds sit well below what training reaches, well above anything untrained.
     cifar = load_cifar10(500, "test")
     acc = reference.accuracy(reference.forward(CIFAR10, load_weights(CIFAR10), to_input(CIFAR10, cifar)),
