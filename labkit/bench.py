@@ -154,7 +154,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
         stage = stages.stage_of(path)
         label = stages.label(stage.number if stage else path.stem, name)
         skipped = any(fnmatch(name, pat) or fnmatch(label, pat) for pat in skip or ())
-        checks = [] if skipped else check_variant(variant, net, quiet=True)
+        checks = [] if skipped or variant.unavailable() else check_variant(variant, net, quiet=True)
         failed = [str(c) for c in checks if not c.passed]
         for n in sizes(net):
             row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,
@@ -163,6 +163,8 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             limit = limits.per_image if variant.per_image else limits.cpu if variant.target == "cpu" else None
             if skipped:
                 row["skipped"] = "left out by --skip"
+            elif variant.unavailable():
+                row["skipped"] = variant.unavailable()
             elif failed:
                 row["skipped"] = "checks failed"
             elif limit is not None and n > limit:

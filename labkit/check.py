@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import engine, gpu, reference, simcheck, simulator
-from .layers import SIGNATURES, impl_for, kernel_layers
+from .layers import SIGNATURES, groups, impl_for, kernel_layers
 from .nets import Layer, Net, get_net
 from .stages import Variant
 from .weights_io import random_weights
@@ -177,6 +177,15 @@ def layer_case(net: str | Net, layer: str, batch: int, rng, target: str = "gpu")
     return Case(spec.name, spec, x, weights, expected)
 
 
+def group_case(net: str | Net, group: tuple[Layer, ...], batch: int, rng, target: str = "gpu") -> Case:
+    """A fused conv group's case: the conv's fresh inputs and weights, the reference through the whole group."""
+    case = layer_case(net, group[0].name, batch, rng, target)
+    y = case.expected
+    for layer in group[1:]:
+        y = reference.layer_forward(layer, y.astype(np.float64), {}, accumulate="float64").astype(np.float32)
+    return Case("+".join(ly.name for ly in group), group, case.x, case.weights, y)
+
+
 def network_case(net: str | Net, batch: int, rng, target: str = "gpu") -> Case:
     """Fresh random inputs and weights for the whole network (the shrunk net when simulated)."""
     spec = simulator.net_for(net, target)
@@ -203,7 +212,8 @@ def describe_failure(exc: BaseException, name: str) -> str:
     """A raise in student code becomes one line naming the line of the student's code it came from."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_student_frame(f.filename)]
     if isinstance(exc, NotImplementedError):
-        stub = f"{frames[-1].name}() is still the TODO stub" if frames else "a function it calls is still a TODO stub"
+        stub = (f"{frames[-1].name}() is still the TODO stub" if frames else str(exc)
+                if str(exc).endswith("TODO stub") else "a function it calls is still a TODO stub")
         return f"not implemented yet: {stub}"
     where = f" (line {frames[-1].lineno}: {frames[-1].line.strip()})" if frames and frames[-1].line else ""
     return f"{name} raised {type(exc).__name__}: {' '.join(str(exc).split())}{where}"
@@ -258,6 +268,18 @@ def check_layer(fn: Callable, net: str | Net, layer: str, *, target: str = "gpu"
                   layer, tuple(batches or default_batches(target)), tol, seed, quiet)
 
 
+def check_group(fn: Callable, net: str | Net, group: tuple[Layer, ...], *, target: str = "gpu",
+                batches: tuple[int, ...] | None = None, tol: float = DEFAULT_TOL, seed: int | None = None,
+                arrays: str = "host", quiet: bool = False) -> CheckResult:
+    """Check a fused conv function (``fn(x, w, b, out, pad, stride, act, pool)``) on a conv group: the conv, its
+    activation and its pooling, against the float64 reference through all three."""
+    net = get_net(net)
+    name = "+".join(ly.name for ly in group)
+    return _check(lambda n, rng: group_case(net, group, n, rng, target),
+                  lambda case: engine.call_layer(fn, case.layer, case.x, case.weights, arrays),
+                  name, tuple(batches or default_batches(target)), tol, seed, quiet)
+
+
 def check_network(variant: Variant, net: str | Net, *, batches: tuple[int, ...] | None = None,
                   tol: float = DEFAULT_TOL, seed: int | None = None, quiet: bool = False) -> CheckResult:
     """Check a variant's whole forward pass, chained by the engine as every run chains it, against the reference
@@ -287,23 +309,35 @@ def check_variant(variant: Variant, net: str | Net | None = None, quiet: bool = 
     by (net, layer, arrays, target, function): a function that several variants share, such as given code, is
     checked once and its result reused without a second line."""
     nets = [get_net(net)] if net is not None else [get_net(n) for n in variant.nets]
+    why = variant.unavailable()
+    if why:
+        result = CheckResult(variant.label, False, detail=f"skipped: {why}")
+        if not quiet:
+            print(f"{variant.label}: SKIPPED ({why})")
+        return [result]
     done = {} if done is None else done
     covered: set = set()
     results = []
     for spec in nets:
         layer_results = []
-        for layer in kernel_layers(spec):
+        for group in groups(kernel_layers(spec), variant.fuse):
+            layer = group[0]
             fn = impl_for(variant.impls, layer)
             if fn is None:
                 continue
             fn_id = id(getattr(fn, "device_fn", fn))
-            if spec is not nets[0] and (layer.kind, fn_id) in covered:
+            kinds = "+".join(ly.kind for ly in group)
+            if spec is not nets[0] and (kinds, fn_id) in covered:
                 continue
-            covered.add((layer.kind, fn_id))
-            key = (spec.name, layer.name, variant.arrays, variant.target, fn_id)
+            covered.add((kinds, fn_id))
+            key = (spec.name, tuple(ly.name for ly in group), variant.arrays, variant.target, fn_id)
             if key not in done:
-                r = check_layer(fn, spec, layer.name, target=variant.target, arrays=variant.arrays, quiet=True,
-                                batches=batches)
+                if len(group) > 1:
+                    r = check_group(fn, spec, group, target=variant.target, arrays=variant.arrays, quiet=True,
+                                    batches=batches)
+                else:
+                    r = check_layer(fn, spec, layer.name, target=variant.target, arrays=variant.arrays,
+                                    quiet=True, batches=batches)
                 if spec is not nets[0]:
                     r.name = f"{spec.name} {r.name}"
                 if not quiet:
@@ -311,7 +345,7 @@ def check_variant(variant: Variant, net: str | Net | None = None, quiet: bool = 
                 done[key] = r
             layer_results.append(done[key])
         results += layer_results
-        if network and layer_results and all(layer_results):
+        if network and layer_results and all(results):  # a chain is worth checking once its layers pass
             results.append(check_network(variant, spec, quiet=quiet, batches=batches))
     return results
 

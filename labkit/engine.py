@@ -84,16 +84,17 @@ def prepare(net: Net, variant: Variant, x: np.ndarray, weights: dict) -> Prepare
     return Prepared(gpu.to_device(x, name="input"), {k: gpu.to_device(v, name=k) for k, v in weights.items()})
 
 
-def _output(variant: Variant, layer: Layer, y, weights: dict, check: bool):
-    shape = layers.output_shape(layer, y.shape, weights)
+def _output(variant: Variant, group: tuple[Layer, ...], y, weights: dict, check: bool):
+    shape = layers.group_output_shape(group, y.shape, weights)
     if variant.arrays == "device":
-        return gpu.DEVICE.get(f"engine {layer.name}", shape)  # poisoned by the pool while checking
+        return gpu.DEVICE.get(f"engine {group[-1].name}", shape)  # poisoned by the pool while checking
     return np.full(shape, np.nan, np.float32) if check else np.empty(shape, np.float32)
 
 
 def _layers(net: Net, variant: Variant, x, weights: dict, clock, check: bool):
     y = x
-    for layer in net.layers:
+    for group in layers.groups(list(net.layers), variant.fuse):
+        layer = group[0]
         if layer.kind == "flatten":
             y = y.reshape(y.shape[0], int(np.prod(y.shape[1:])))
             continue
@@ -102,9 +103,13 @@ def _layers(net: Net, variant: Variant, x, weights: dict, clock, check: bool):
             with clock.section(layer.name):
                 y = reference.layer_forward(layer, y, weights).astype(np.float32, copy=False)
             continue
-        out = _output(variant, layer, y, weights, check)
-        with clock.section(layer.name):
-            fn(*layers.args(layer, y, weights, out))
+        out = _output(variant, group, y, weights, check)
+        call_args = layers.fused_args(group, y, weights, out) if len(group) > 1 else layers.args(layer, y, weights, out)
+        with clock.section(layer.name):  # a fused group's time is its conv's; the layers it absorbed take none
+            fn(*call_args)
+        for absorbed in group[1:]:
+            with clock.section(absorbed.name):
+                pass
         y = out
     return y
 
@@ -126,19 +131,24 @@ def _download(y) -> np.ndarray:
     return y if isinstance(y, np.ndarray) else gpu.to_host(y, name="output")
 
 
-def call_layer(fn, layer: Layer, x: np.ndarray, weights: dict, arrays: str = "host") -> np.ndarray:
-    """Call one layer function the way the engine does, on a NaN-poisoned output; the output on the host.
-    Whatever the function raises comes through."""
-    weights = layers.with_biases([layer], weights)
-    shape = layers.output_shape(layer, x.shape, weights)
-    out = np.full(shape, np.nan, np.float32)
+def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dict,
+               arrays: str = "host") -> np.ndarray:
+    """Call one layer function (or a fused conv group's) the way the engine does, on a NaN-poisoned output; the
+    output on the host. Whatever the function raises comes through."""
+    group = layer if isinstance(layer, tuple) else (layer,)
+    weights = layers.with_biases(group, weights)
+    out = np.full(layers.group_output_shape(group, x.shape, weights), np.nan, np.float32)
+
+    def arguments(x, w, o):
+        return layers.fused_args(group, x, w, o) if len(group) > 1 else layers.args(group[0], x, w, o)
+
     with gpu.poisoned():
         if arrays == "device":
             xd, wd = gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}
             outd = gpu.to_device(out)
-            fn(*layers.args(layer, xd, wd, outd))
+            fn(*arguments(xd, wd, outd))
             return gpu.as_host(outd)
-        fn(*layers.args(layer, x.copy(), {k: v.copy() for k, v in weights.items()}, out))
+        fn(*arguments(x.copy(), {k: v.copy() for k, v in weights.items()}, out))
     return out
 
 

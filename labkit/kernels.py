@@ -99,3 +99,25 @@ def softmax(x, out):
 
 #: layer kind -> the kit's GPU function, for a Variant's ``impls``: ``{"conv": my_conv, **lk.kernels.GIVEN}``
 GIVEN = {"relu": relu, "tanh": tanh, "pool": maxpool, "fc": fc, "softmax": softmax}
+
+
+def as_fused(conv):
+    """A plain conv function in the fused convention (``labkit.layers``): the conv into a pooled buffer, then the
+    kit's activation and max-pool kernels. For comparing fused and unfused kernels in one tuning sweep."""
+
+    def fused(x, w, b, out, pad, stride, act=0, pool=0):
+        if not act and not pool:
+            return conv(x, w, b, out, pad, stride)
+        N, M, H, W = x.shape[0], w.shape[0], x.shape[2], x.shape[3]
+        K = w.shape[2]
+        Ho, Wo = (H + 2 * pad - K) // stride + 1, (W + 2 * pad - K) // stride + 1
+        y = gpu.buffer(f"as_fused {getattr(conv, '__name__', 'conv')}", (N, M, Ho, Wo)) if pool else out
+        conv(x, w, b, y, pad, stride)
+        if act:
+            (relu if act == 1 else tanh)(y, y)
+        if pool:
+            maxpool(y, out, pool, pool)
+
+    fused.__name__ = f"{getattr(conv, '__name__', 'conv')}_as_fused"
+    fused.device_fn = getattr(conv, "device_fn", conv)
+    return fused

@@ -12,6 +12,11 @@ with NaN, so an element it never writes shows up as a failure. One convention pe
 
 The arrays are numpy arrays for a variant with ``arrays="host"`` and device arrays (numba or cupy) for
 ``arrays="device"``. ``flatten`` is a reshape that the engine does itself.
+
+A variant may fuse the activation and the pooling that follow a convolution into it (``Variant.fuse``): its conv
+function is then called once for the group, as ``fn(x, w, b, out, pad, stride, act, pool)`` with ``act`` 0 (none),
+1 (ReLU) or 2 (tanh), ``pool`` the pooling window (its stride too; 0 for none), and ``out`` shaped like the group's
+last layer's output.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ SIGNATURES = {
 }
 #: position of ``out`` in each convention
 OUT_AT = {"conv": 3, "fc": 3, "pool": 1, "relu": 1, "tanh": 1, "softmax": 1}
+FUSED_SIGNATURE = "fn(x, w, b, out, pad, stride, act, pool)"
+ACT_CODES = {"relu": 1, "tanh": 2}  # 0: no activation
 
 
 def args(layer: Layer, x, weights: dict, out) -> tuple:
@@ -73,3 +80,38 @@ def output_shape(layer: Layer, x_shape: tuple[int, ...], weights: dict) -> tuple
 def kernel_layers(net: Net) -> list[Layer]:
     """The layers that take a layer function (all but flatten)."""
     return [layer for layer in net.layers if layer.kind != "flatten"]
+
+
+def groups(layers_: list[Layer], fuse: tuple[str, ...] = ()) -> list[tuple[Layer, ...]]:
+    """The layers in calling order, a conv and the activation and pooling right after it in one group when
+    ``fuse`` names their kinds ("relu", "tanh", "pool"); every other layer alone."""
+    out: list[tuple[Layer, ...]] = []
+    i = 0
+    while i < len(layers_):
+        group = [layers_[i]]
+        if layers_[i].kind == "conv" and fuse:
+            j = i + 1
+            if j < len(layers_) and layers_[j].kind in ("relu", "tanh") and layers_[j].kind in fuse:
+                group.append(layers_[j])
+                j += 1
+            if j < len(layers_) and layers_[j].kind == "pool" and "pool" in fuse and \
+                    layers_[j].stride == layers_[j].kernel:
+                group.append(layers_[j])
+        out.append(tuple(group))
+        i += len(group)
+    return out
+
+
+def fused_args(group: tuple[Layer, ...], x, weights: dict, out) -> tuple:
+    """The arguments of a fused conv group: the conv's, then the activation code and the pooling window."""
+    conv = group[0]
+    act = next((ACT_CODES[ly.kind] for ly in group[1:] if ly.kind in ACT_CODES), 0)
+    pool = next((ly.kernel for ly in group[1:] if ly.kind == "pool"), 0)
+    return (*args(conv, x, weights, out), act, pool)
+
+
+def group_output_shape(group: tuple[Layer, ...], x_shape: tuple[int, ...], weights: dict) -> tuple[int, ...]:
+    shape = tuple(x_shape)
+    for layer in group:
+        shape = output_shape(layer, shape, weights)
+    return shape

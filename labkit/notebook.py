@@ -54,6 +54,8 @@ class Checked(dict):
         bad = next((r for r in results if not r.passed), None)
         if bad is None:
             return "it was not checked"
+        if bad.detail.startswith("skipped: "):
+            return f"it {bad.detail[len('skipped: '):]}"
         if "not implemented" in bad.detail:
             return f"{bad.name} is not implemented"
         return f"{bad.name} fails its check"
@@ -67,7 +69,7 @@ def check(variants: dict[str, Variant], net: str | None = None) -> Checked:
     seen: dict = {}
     done: dict = {}
     for name, variant in variants.items():
-        key = (variant.arrays, variant.per_image, variant.nets,
+        key = (variant.arrays, variant.per_image, variant.nets, variant.fuse,
                tuple(sorted((k, id(f)) for k, f in variant.impls.items())))
         if key in seen:
             print(f"-- {name}: the functions of {seen[key]}, checked above")
@@ -86,7 +88,9 @@ def run_variants(variants: dict[str, Variant], wl: Workload, checked: Checked, n
     runs = {}
     for name in names or variants:
         if not checked.passed(name):
-            print(f"{name}: not measured yet: {checked.why(name)}; make the self-check pass first")
+            why = checked.why(name)
+            print(f"{name}: not measured here: {why}" if why.startswith("it needs") else
+                  f"{name}: not measured yet: {why}; make the self-check pass first")
             continue
         try:
             runs[name] = run(wl, variants[name], quiet=True, record=record, **kwargs)

@@ -94,6 +94,8 @@ class Variant:
     note: str = ""
     name: str = ""
     stage: str = ""
+    requires: tuple[str, ...] = ()  # "cupy": CUDA C through cupy.RawModule, which needs a real GPU
+    fuse: tuple[str, ...] = ()  # kinds a conv function absorbs when they follow it: "relu", "tanh", "pool"
 
     def __post_init__(self):
         if self.target not in ("gpu", "cpu") or self.arrays not in ("host", "device"):
@@ -106,6 +108,15 @@ class Variant:
     @property
     def label(self) -> str:
         return label(self.stage, self.name or "variant")
+
+    def unavailable(self) -> str:
+        """Why this variant cannot run here ("" when it can): CUDA C through cupy needs a real GPU with cupy."""
+        if "cupy" in self.requires:
+            from .device import info
+
+            if info().kind != "gpu" or not info().cupy:
+                return "needs a real GPU with cupy (CUDA C through cupy.RawModule)"
+        return ""
 
 
 def variants(stage: str, named: dict[str, Variant]) -> dict[str, Variant]:
@@ -156,3 +167,13 @@ def from_stage(number: str) -> types.SimpleNamespace:
         ns = nbcells.load(path)
         _given[key] = types.SimpleNamespace(**{k: v for k, v in ns.items() if not k.startswith("__")})
     return _given[key]
+
+
+def pending(name: str):
+    """A stand-in layer function for one whose TODO is not done yet: it says so when a check calls it."""
+
+    def not_yet(*args):
+        raise NotImplementedError(f"{name}() is still the TODO stub")
+
+    not_yet.__name__ = f"pending_{name}"
+    return not_yet

@@ -65,6 +65,9 @@ def test_stub_replaces_solution_blocks_at_their_indentation():
     ast.parse(out)
     with pytest.raises(ValueError, match="without"):
         make_student.stub_source("    ### BEGIN SOLUTION\n    x = 1\n")
+    c_src = 'SRC = r"""\n  int t = 0;\n  /// BEGIN SOLUTION\n  out[t] = 1;\n  // why\n  out[t + 1] = 2;\n  /// END SOLUTION\n"""\n'
+    stub = make_student.stub_source(c_src)
+    assert "out[t] = 1" not in stub and "  return;  // replace this line" in stub and "about 2 lines" in stub
 
 
 @pytest.mark.parametrize("path", STUDENT, ids=lambda p: p.name)
@@ -114,7 +117,8 @@ def test_solution_variants_pass_and_student_variants_say_not_implemented():
 
 
 def _todo_cells(nb) -> list[int]:
-    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "NotImplementedError(" in c.source]
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            and ("NotImplementedError(" in c.source or "// TODO: your code here" in c.source)]
 
 
 @pytest.mark.parametrize("path", STUDENT, ids=lambda p: p.name)

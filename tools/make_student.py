@@ -1,7 +1,9 @@
 """Regenerate the student notebooks in notebooks/ from the complete ones in solutions/.
 
 Code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes a TODO stub that raises
-NotImplementedError and says roughly how many lines the answer takes; outputs are dropped.
+NotImplementedError and says roughly how many lines the answer takes; in CUDA C source held in a string, code
+between ``/// BEGIN SOLUTION`` and ``/// END SOLUTION`` becomes a stub that returns before writing anything (the
+self-check then says nothing was written). Outputs are dropped.
 
     python tools/make_student.py           # write notebooks/
     python tools/make_student.py --check   # exit 1 if notebooks/ is out of date (the tests do this)
@@ -19,7 +21,7 @@ import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-_BEGIN_RE = re.compile(r"^(\s*)### BEGIN SOLUTION\s*$")
+_BEGIN_RE = re.compile(r"^(\s*)(###|///) BEGIN SOLUTION\s*$")
 
 
 def stub_source(source: str) -> str:
@@ -31,15 +33,21 @@ def stub_source(source: str) -> str:
             out.append(lines[i])
             i += 1
             continue
-        indent = m.group(1)
+        indent, mark = m.group(1), m.group(2)
+        end = f"{mark} END SOLUTION"
         j = i + 1
-        while j < len(lines) and lines[j].strip() != END:
+        while j < len(lines) and lines[j].strip() != end:
             j += 1
         if j == len(lines):
-            raise ValueError(f"'{BEGIN}' without '{END}' in:\n{source}")
-        size = sum(1 for line in lines[i + 1:j] if line.strip() and not line.strip().startswith("#"))
-        out.append(f"{indent}# TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
-        out.append(f'{indent}raise NotImplementedError("replace this line with your code")')
+            raise ValueError(f"'{mark} BEGIN SOLUTION' without '{end}' in:\n{source}")
+        comment = "#" if mark == "###" else "//"
+        size = sum(1 for line in lines[i + 1:j] if line.strip() and not line.strip().startswith(comment))
+        if mark == "###":
+            out.append(f"{indent}# TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
+            out.append(f'{indent}raise NotImplementedError("replace this line with your code")')
+        else:
+            out.append(f"{indent}// TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
+            out.append(f"{indent}return;  // replace this line with your code")
         i = j + 1
     return "\n".join(out)
 
