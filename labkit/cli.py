@@ -88,9 +88,10 @@ def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
 @main.command()
 @click.option("--net", "net_name", type=click.Choice(list(NETS)), default="cifar10", show_default=True)
 @click.option("--images", type=click.IntRange(min=1), default=None,
-              help="Images to run (default: 1200 for cifar10, 10000 for fashion).")
+              help="Images to run (default: 1200 for cifar10, 10000 for fashion and ece408).")
 @click.option("--weights", type=click.Path(exists=True, path_type=Path), default=None,
-              help="An .npz file, or a folder of the C study's layerN_*.txt files (default: the kit's own).")
+              help="An .npz file, a folder of the C study's layerN_*.txt files, or the ECE408 project's MXNet "
+                   ".params file for --net ece408 (default: the kit's own; none is shipped for ece408).")
 @click.option("--download/--no-download", default=True, show_default=True,
               help="Download the dataset if it is not found locally.")
 @click.option("--synthetic", is_flag=True, help="Run on synthetic inputs even if data is present.")
@@ -182,22 +183,30 @@ def _image_counts(images: str | None) -> tuple[int, ...] | None:
 @click.option("--stages", default=None,
               help="Stage numbers, comma-separated, e.g. 01,04 (default: every stage whose solution has VARIANTS; "
                    "for a single notebook, its own stage).")
+@click.option("--students", default=None,
+              help="Only these student folders, comma-separated (re-grade them: their rows replace theirs in the "
+                   "report already in --out).")
 @click.option("--rubric", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A rubric TOML read on top of the shipped labkit/rubric.toml.")
 @click.option("--solutions", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder of reference solution notebooks (default: solutions/ of this checkout).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("grades"), show_default=True,
-              help="Folder for grades.csv and grades.json.")
+              help="Folder for grades.csv, grades.json and the Gradescope results.json files.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Submissions graded at the same time (one process each). Keep 1 when timing matters.")
+@click.option("--gpus", default=None, help="'all' or GPU indices (0,2): one job per GPU, each pinned to its GPU.")
+@click.option("--cluster", default=None,
+              help="Grade on a Dask cluster: local[:N], slurm:N (dask-jobqueue) or a scheduler address.")
+@click.option("--merge/--no-merge", default=None,
+              help="Update the report in --out, replacing only the graded rows (default: with --students or --stages).")
 @click.option("--seed", type=int, default=None, help="Seed of the random test inputs (default: fresh; recorded).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def grade(submissions, stages, rubric, solutions, out, jobs, seed, no_progress):
-    """Grade student notebooks: correctness, accuracy and op time per stage, into a CSV and a JSON report.
+def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, cluster, merge, seed, no_progress):
+    """Grade student notebooks: correctness, accuracy and op time per stage, into CSV, JSON and Gradescope reports.
 
     SUBMISSIONS is a folder with one sub-folder per student (each holding notebooks/ or the .ipynb files),
-    or a single notebook. Student code runs only in child processes, with time and memory limits.
-    Without a CUDA driver it runs on the CUDA simulator (unless NUMBA_ENABLE_CUDASIM=0).
+    one student's folder, or a single notebook. Student code runs only in child processes, with time and memory
+    limits. Without a CUDA driver it runs on the CUDA simulator (unless NUMBA_ENABLE_CUDASIM=0).
     """
     from . import grading
 
@@ -206,13 +215,20 @@ def grade(submissions, stages, rubric, solutions, out, jobs, seed, no_progress):
     if grading.simulator_if_no_driver() == "too-late":  # docs/grading.md: no CUDA driver means the simulator
         raise click.ClickException("no CUDA driver here, and numba.cuda was imported before labkit could switch on "
                                    "the CUDA simulator: set NUMBA_ENABLE_CUDASIM=1 before starting Python")
+    if stages is not None and not _csv_list(stages):
+        raise click.BadParameter("takes stage numbers separated by commas, e.g. 01,04", param_hint="--stages")
+    if students is not None and not _csv_list(students):
+        raise click.BadParameter("takes student folder names separated by commas", param_hint="--students")
     try:
         report = grading.grade(submissions, _csv_list(stages), rubric, solutions, out, jobs, seed,
-                               progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]))
+                               progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]),
+                               students=_csv_list(students), gpus=gpus, cluster=cluster, merge=merge)
     except grading.GradeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(grading.summary_table(report))
-    click.echo(f"\nwrote {out / 'grades.csv'} and {out / 'grades.json'}")
+    gs = "results.json" if report["meta"].get("single_submission") and report["meta"]["students"] == 1 \
+        else "gradescope/<student>/results.json"
+    click.echo(f"\nwrote {out / 'grades.csv'}, {out / 'grades.json'} and {out / gs}")
 
 
 @main.command()
@@ -225,6 +241,74 @@ def ladder(ledgers, out):
 
     rows = bench_mod.summarize(list(ledgers), out, " ".join(["labkit", *sys.argv[1:]]))
     click.echo(bench_mod.table(rows))
+
+
+
+# ---------------------------------------------------------------------------------------------- labkit lab
+
+
+def _lab_folder() -> Path:
+    """The notebooks a student works on: ``notebooks/`` here (the clone's root), else the kit checkout's own."""
+    for folder in (Path.cwd() / "notebooks", Path(__file__).resolve().parent.parent / "notebooks"):
+        if folder.is_dir() and any(folder.glob("*.ipynb")):
+            return folder
+    raise click.ClickException("no notebooks/ folder here: run `labkit lab` in your clone of the kit (the folder "
+                               "that holds notebooks/), or name the folder with --notebooks")
+
+
+def _lab_check() -> None:
+    """What `labkit lab` says before JupyterLab starts: what the machine is and whether the data is there, each
+    with what to do about it (the same facts as the notebooks' first cell, ``lk.hello``)."""
+    from . import device
+
+    d = device.info()
+    if d.kind == "gpu":
+        click.echo(f"Machine: {d.name}: the notebooks run their kernels on this GPU, timings are real.")
+    elif d.kind == "simulator":
+        click.echo("Machine: no GPU, so the notebooks run GPU kernels on numba's CUDA simulator: results are checked "
+                   "on shrunk problems, timings are not meaningful, plots show the kit's committed GPU results.")
+    else:
+        click.echo("Machine: no GPU and no CUDA simulator: only the CPU stages run (set NUMBA_ENABLE_CUDASIM=1 "
+                   "before `labkit lab` to run GPU kernels on the simulator).")
+    if d.driver is not None:  # a driver, but no working GPU stack, or one to confirm: device's own advice
+        for note in d.notes:
+            if "extra" in note or "driver" in note:
+                click.echo(f"  {note}")
+    missing = []
+    for name, ds in data_mod.DATASETS.items():
+        try:
+            click.echo(f"Data: {name} in {data_mod.shown(data_mod.find(name))}")
+        except data_mod.DataNotFound:
+            missing.append(name)
+            click.echo(f"Data: {name} is missing: run `{ds.fetch_hint}` (needs internet), or set LABKIT_DATA to a "
+                       f"folder that holds {ds.folder}/ before `labkit lab`")
+    if missing:
+        click.echo("Until then the notebooks run on synthetic inputs (accuracy n/a); `labkit data where` says where "
+                   "labkit looks.")
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--notebooks", "folder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Folder to open (default: notebooks/ here, else the kit checkout's notebooks/).")
+@click.argument("jupyter_args", nargs=-1, type=click.UNPROCESSED)
+def lab(folder, jupyter_args):
+    """Check the device and the data, then start JupyterLab on the course notebooks.
+
+    Other arguments go to JupyterLab as they are, e.g. `labkit lab --no-browser --port 8890`.
+    """
+    folder = (folder or _lab_folder()).resolve()
+    try:
+        from jupyterlab.labapp import LabApp
+    except ImportError:
+        raise click.ClickException("JupyterLab is not installed: in your clone of the kit, run "
+                                   "pip install -e \".[lab]\"") from None
+    # Checked in a child process: probing a GPU makes a CUDA context, which the server would otherwise hold.
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", "from labkit.cli import _lab_check; _lab_check()"], check=False)
+    click.echo(f"Starting JupyterLab on {folder} (start with 00_setup.ipynb; Ctrl+C stops the server).")
+    sys.stdout.flush()
+    LabApp.launch_instance(argv=[f"--ServerApp.root_dir={folder}", *jupyter_args])
 
 
 if __name__ == "__main__":

@@ -137,25 +137,41 @@ README_BEGIN, README_END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
 
 def readme_block(root: Path = RESULTS) -> str:
-    """The README's "measured so far" block: the fastest run of every stage on each net's default workload in the
-    newest committed results, beside the numpy reference and cuDNN. Rendered, never typed."""
-    res = latest(None, root)
-    if res is None:
+    """The README's "measured so far" block: the fastest run of every stage on each net's default workload, each
+    stage (and each baseline) from the newest committed results that hold it, with the folders named. Rendered,
+    never typed."""
+    from .nets import get_net
+
+    found = all_results(root)
+    if not found:
         body = "No GPU results are committed yet: `labkit bench` on a GPU machine makes them (docs/gpu.md)."
         return f"{README_BEGIN}\n{body}\n{README_END}"
-    lines = [f"The kit's newest GPU results: {res.device}, {res.date}, in `{res.where}/` (its README gives the "
-             f"commands). The fastest run of each stage:", ""]
-    for net in sorted({r.net for r in res.reports}):
-        from .nets import get_net
-
+    blocks, used = [], {}
+    for net in sorted({r.net for res in found for r in res.reports}):
         images = get_net(net).default_images
-        runs = res.runs(net=net, images=images)
-        if not runs:
-            continue
         best: dict[str, RunReport] = {}
-        for r in runs:
-            key = (r.stage or "").split(" ", 1)[0] if order_key(r.stage)[0] == 0 else r.stage
-            if key not in best or r.total < best[key].total:
-                best[key] = r
-        lines += [f"`{net}`, {images} images:", "", "```", table(list(best.values())), "```", ""]
+        owner: dict[str, Results] = {}
+        for res in found:  # newest first: a stage's runs come from the newest folder that has them
+            for r in res.runs(net=net, images=images):
+                stage = order_key(r.stage)[0] == 0
+                key = (r.stage or "").split(" ", 1)[0] if stage else r.stage
+                if owner.setdefault(key if stage else "baselines", res) is not res:
+                    continue
+                if key not in best or r.total < best[key].total:
+                    best[key] = r
+        if not best:
+            continue
+        for key, res in owner.items():
+            used.setdefault(res.where, (res, []))[1].append(key)
+        runs = sorted(best.values(), key=lambda r: order_key(r.stage))
+        blocks += [f"`{net}`, {images} images:", "", "```", table(runs), "```", ""]
+    def stages_of(keys):
+        numbered = sorted(k for k in keys if k[:2].isdigit())
+        return ", ".join(([f"stages {', '.join(numbered)}"] if numbered else []) + (["baselines"] if "baselines" in
+                                                                                    keys else []))
+
+    sources = "; ".join(f"{res.device}, {res.date}, `{where}/` ({stages_of(set(keys))})"
+                        for where, (res, keys) in used.items())
+    lines = [f"The kit's GPU results, each stage's newest (each folder's README gives the commands): {sources}. "
+             f"The fastest run of each stage:", "", *blocks]
     return "\n".join([README_BEGIN, *lines, README_END])

@@ -6,11 +6,11 @@ never the rest of the notebook, so a notebook's timing or plotting cells cannot 
 
 from __future__ import annotations
 
+import json
 import linecache
 import re
 from pathlib import Path
-
-import nbformat
+from types import SimpleNamespace
 
 KERNEL_TAG = "kernel"
 _MAGIC = re.compile(r"^\s*[%!]")
@@ -20,7 +20,9 @@ class NotebookError(Exception):
     """A notebook that cannot be read or has no cells with the tag: the message says which and what to do."""
 
 
-def read(path: str | Path) -> nbformat.NotebookNode:
+def read(path: str | Path) -> nbformat.NotebookNode:  # noqa: F821 - imported when called
+    import nbformat  # here, not at import: nbformat's schema validator costs seconds to import
+
     path = Path(path)
     if not path.is_file():
         raise NotebookError(f"no notebook at {path}")
@@ -40,6 +42,21 @@ def tagged_cells(nb: nbformat.NotebookNode, tag: str = KERNEL_TAG) -> list[tuple
     return cells
 
 
+def _read_quick(path: Path):
+    """The cells of an nbformat-4 notebook read as plain JSON (what ``tagged_cells`` needs), without importing
+    nbformat; None when it is not that simple (``read`` then says what is wrong)."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if raw.get("nbformat") != 4 or not isinstance(raw.get("cells"), list):
+            return None
+        cells = [SimpleNamespace(cell_type=c["cell_type"], metadata=c.get("metadata") or {},
+                                 source="".join(c["source"]) if isinstance(c["source"], list) else c["source"],
+                                 get=lambda key, default=None, _c=c: _c.get(key, default)) for c in raw["cells"]]
+        return SimpleNamespace(cells=cells)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def load(path: str | Path, tag: str = KERNEL_TAG, namespace: dict | None = None) -> dict:
     """Execute the cells tagged ``tag`` in order in a fresh namespace and return it.
 
@@ -47,7 +64,7 @@ def load(path: str | Path, tag: str = KERNEL_TAG, namespace: dict | None = None)
     self-checks' failure lines) point at the student's own line.
     """
     path = Path(path)
-    nb = read(path)
+    nb = _read_quick(path) or read(path)
     cells = tagged_cells(nb, tag)
     if not cells:
         raise NotebookError(f"{path.name} has no code cells tagged {tag!r}; the cells that define your kernels "

@@ -167,10 +167,18 @@ def tune(candidates: dict[str, list[Candidate]], net: str | Net, images: int, re
         return tuning
     kept = stored(spec.name, images)
     choice = dict(kept["choice"]) if kept else {}
-    source = (f"the kit's committed choice, measured on {kept['device']} on {kept['date']} (results/tuning.json): "
-              f"the {'simulator' if simulator.active() else 'CPU'} can check candidates, not time them") if kept else \
+    source = (f"the kit's committed choice and medians, measured on {kept['device']} on {kept['date']} "
+              f"(results/tuning.json): the {'simulator' if simulator.active() else 'CPU'} can check candidates, "
+              f"not time them") if kept else \
         "none: this machine cannot time candidates and no choice is committed for this workload"
-    return Tuning(spec.name, images, device.label(), trials, choice, source)
+    if kept:  # show the committed medians of the candidates that passed here, labelled with their device
+        medians = kept.get("medians_ms", {})
+        for tr in trials:
+            ms = medians.get(f"{tr.layer} {tr.candidate.name}")
+            if ms is not None and tr.check.passed:
+                tr.seconds = [ms / 1e3]
+    where = f"{kept['device']} ({kept['date']}, committed)" if kept else device.label()
+    return Tuning(spec.name, images, where, trials, choice, source)
 
 
 def _save(t: Tuning) -> None:

@@ -1,8 +1,11 @@
-"""The grader on synthetic submissions made from the stage-01 solution: each is graded as it should be, in one run.
+"""The grader on synthetic submissions made from the stage-01 solution: each is graded as it should be, in one run;
+then the same class re-graded in part (one student), on a Dask LocalCluster (the cluster path), and as a single
+submission (Gradescope's layout).
 
 Stage 01 is CPU code (numba ``@njit``), so it is fully checked and timed even under the CUDA simulator.
 A small test rubric keeps the run short: batch sizes 1 and 3, 12 images for accuracy, 4 for timing. It holds with
-the real data (``LABKIT_DATA``) and without it (accuracy is then not scored).
+the real data (``LABKIT_DATA``) and without it (accuracy is then not scored). The stage-04 class of wrong
+submissions is tests/test_grade_wrong.py.
 """
 
 from __future__ import annotations
@@ -184,6 +187,54 @@ def syntax_error(cells):
     _replace(cells, CHEAP_LAYERS, "def fc_forward(x, w, b, out):", "def fc_forward(x, w, b, out:")
 
 
+def patches_mid_pass(cells):  # a right conv that, once running, makes the engine skip every later layer of a pass
+    cells[VARIANTS_CELL].source += """
+
+import labkit.layers
+
+_conv_right = VARIANTS["serial"].impls["conv"]
+
+
+def conv_then_skip(x, w, b, out, pad, stride):
+    _conv_right(x, w, b, out, pad, stride)
+    labkit.layers.impl_for = lambda impls, layer: (lambda *args: None)
+
+
+VARIANTS["serial"].impls["conv"] = conv_then_skip
+"""
+
+
+def caches_when_timed(cells):  # right everywhere, except in the timed passes: there it hands back its first result
+    cells[VARIANTS_CELL].source += """
+
+import sys as _sys
+
+_conv_right = VARIANTS["serial"].impls["conv"]
+_first = {}
+
+
+def _timed():
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "time_passes":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def conv_cached_when_timed(x, w, b, out, pad, stride):
+    if _timed() and out.shape in _first:
+        out[...] = _first[out.shape]
+        return
+    _conv_right(x, w, b, out, pad, stride)
+    if _timed():
+        _first[out.shape] = out.copy()
+
+
+VARIANTS["serial"].impls["conv"] = conv_cached_when_timed
+"""
+
+
 def crashes(cells):  # the process dies under the grader (a segfault would read the same)
     cells[VARIANTS_CELL].source += "\n\nimport os as _os\n\n" \
                                    "def conv_forward(x, w, b, out, pad, stride):\n    _os.abort()\n\n" \
@@ -200,6 +251,8 @@ SUBMISSIONS = {
     "fastclock": fast_clock,
     "syntax": syntax_error,
     "crash": crashes,
+    "midpass": patches_mid_pass,
+    "timedcache": caches_when_timed,
 }
 
 
@@ -225,7 +278,7 @@ def graded(tmp_path_factory):
     assert result.exit_code == 0, result.output + repr(result.exception)
     report = json.loads((out / "grades.json").read_text())
     return {"rows": {r["student"]: r for r in report["rows"]}, "report": report, "out": out,
-            "output": result.output}
+            "output": result.output, "submissions": subs, "rubric": rubric}
 
 
 def test_run_completes_with_one_row_per_student_and_stage(graded):
@@ -240,7 +293,15 @@ def test_run_completes_with_one_row_per_student_and_stage(graded):
     meta = graded["report"]["meta"]
     assert meta["seed"] == 408 and meta["stages"] == ["01"] and meta["op_time"]["01"] == "measured"
     assert meta["timed_variants"] == {"01": "01 serial"}  # labkit.stages.label
-    assert meta["batches"]["01"]["serial"] == {"layers": [1, 3], "network": list(check.NETWORK_BATCHES)}
+    assert meta["batches"]["01"]["serial"] == {"layers": [1, 3], "repeat": 1, "network": list(check.NETWORK_BATCHES)}
+    # the seed of each (student, stage) comes from the run's seed and the names alone (any machine, any order)
+    assert all(r["seed"] == grading.job_seed(408, r["student"], "01") for r in graded["rows"].values())
+    env = meta["environment"]  # what it was graded with, in every report
+    assert env["numpy"] == np.__version__ and env["numba"] and env["numba-cuda"] and env["python"]
+    assert env["labkit"] and "cupy" in env and env["device"] == meta["device"]
+    if env["simulated"]:
+        assert env["gpu"] is None and "simulator" in env["note"]
+    assert "environment: " in graded["output"]
     assert meta["accuracy"]["01"] == ("scored" if _labelled() else "not scored (no labelled images)")
 
 
@@ -252,6 +313,13 @@ def test_correct_submission_gets_full_marks(graded):
     assert r["op_time_s"] > 0 and r["reference_op_time_s"] > 0
     assert r["ratio"] == pytest.approx(r["op_time_s"] / r["reference_op_time_s"])
     assert r["op_time_points"] == 30
+    # op time: the best (minimum) of the timed passes, the spread kept; every pass predicted what the reference does
+    spread = r["details"]["op_time_spread"]
+    assert r["op_time_s"] == spread["student"]["min"] <= spread["student"]["median"] <= spread["student"]["max"]
+    assert r["reference_op_time_s"] == spread["reference"]["min"] and spread["student"]["runs"] == 3
+    conv = [sum(run[c] for c in ("conv1", "conv2", "conv3")) for run in r["details"]["op_time_runs"]["student"]]
+    assert r["op_time_s"] == pytest.approx(min(conv))
+    assert r["details"]["timed_predictions"]["student_mismatches"] == [0, 0, 0]
     assert "all checks pass" in r["message"]
     checks = r["details"]["checks"]  # every layer of both nets at both batch sizes, and each whole forward pass
     assert sum("cifar10 forward: PASS" in c for c in checks) == len(check.NETWORK_BATCHES)
@@ -282,27 +350,45 @@ def test_wrong_submissions_fail_their_checks(graded, student, words):
     assert r["max_score"] == graded["rows"]["correct"]["max_score"]
 
 
-def test_patching_labkit_and_the_clock_changes_nothing(graded):
+def test_patching_labkit_and_the_clock_is_reported_as_tampering(graded):
     r = graded["rows"]["patcher"]
-    # graded on what its conv really computes: the patched compare/engine/Timer/perf_counter lived only in its
-    # process, labkit was put back before every call into its code, and the grader compares the raw outputs itself
-    assert r["score"] == 0 and not r["passed"] and r["op_time_s"] is None
-    assert "conv1: FAIL" in r["message"] and "first wrong element" in r["message"], r["message"]
-    assert r["error"] is not None and r["error"] > 1e-3
+    # every patch made by its cells is named (compared with the snapshot taken before any student code existed)
+    assert r["status"] == "tampered" and r["score"] == 0 and not r["passed"] and r["op_time_s"] is None
+    for name in ("labkit.check.compare", "labkit.engine.forward", "labkit.engine.time_passes",
+                 "while loading the kernel cells"):
+        assert name in r["message"], r["message"]
+    changed = r["details"]["tampered"]["what"]
+    assert {"time.perf_counter", "labkit.timing.Clock", "labkit.reference.conv2d", "the grade worker's _perf_counter"} \
+        <= set(changed), changed
     # its write to labkit/check.py hit the job's private copy only, and is reported
-    assert r["status"] == "tampered" and "check.py" in r["message"]
+    assert "check.py" in r["message"] and "on disk" in r["message"]
     assert "compare = lambda" not in (REPO / "labkit" / "check.py").read_text()
 
 
-def test_patching_the_clock_cannot_make_code_faster(graded):
-    r, ref = graded["rows"]["fastclock"], graded["rows"]["correct"]
-    assert r["status"] == "pass" and r["correctness_points"] == 50, r["message"]
-    # timed with the worker's own clock and engine: about as long as the same loops in the reference solution
-    # (the patched ones would have reported no time at all)
-    assert r["op_time_s"] > 0.2 * r["reference_op_time_s"] > 0
-    assert r["ratio"] > 0.2 and ref["ratio"] > 0.2
-    for run in r["details"]["op_time_runs"]["student"]:
-        assert all(run[c] > 0 for c in ("conv1", "conv2", "conv3")), run
+def test_patching_the_clock_is_tampering_even_with_a_right_conv(graded):
+    r = graded["rows"]["fastclock"]
+    assert r["status"] == "tampered" and r["score"] == 0 and r["op_time_s"] is None, r["message"]
+    assert "the grade worker's _perf_counter" in r["message"]
+    assert "time.perf_counter" in r["details"]["tampered"]["what"]
+
+
+def test_patching_the_layer_lookup_in_the_middle_of_a_pass_is_seen(graded):
+    r = graded["rows"]["midpass"]
+    # labkit was put back before each call, so the patch could only act within one pass: it is caught right after
+    # the call that made it, named, with the call
+    assert r["status"] == "tampered" and r["score"] == 0, r["message"]
+    assert "labkit.layers.impl_for" in r["message"] and "during conv1 (batch size 1)" in r["message"]
+
+
+def test_timed_passes_must_predict_what_the_reference_does(graded):
+    r = graded["rows"]["timedcache"]
+    # right in every check and on the real images; in the timed passes it hands back a kept result: the parent
+    # compares each timed pass's predictions with the reference's (pass k on the images rotated by k)
+    assert r["status"] == "fail" and not r["passed"] and r["op_time_points"] == 0, r["message"]
+    assert r["correctness_points"] == 50
+    assert "timed pass 1" in r["message"] and "predicted differently" in r["message"]
+    assert max(r["details"]["timed_predictions"]["student_mismatches"]) > \
+        r["details"]["timed_predictions"]["allowed"]
 
 
 def test_infinite_loop_is_killed_at_the_time_limit(graded):
@@ -320,6 +406,130 @@ def test_syntax_error_crash_and_missing_stage(graded):
     assert "ended unexpectedly" in rows["crash"]["message"] and "SIGABRT" in rows["crash"]["message"]
     assert rows["nostage"]["status"] == "missing" and rows["nostage"]["score"] == 0
     assert "missing stage" in rows["nostage"]["message"]
+
+
+def test_gradescope_results_for_every_student(graded):
+    for student, r in graded["rows"].items():
+        res = json.loads((graded["out"] / "gradescope" / student / "results.json").read_text())
+        assert res["score"] == r["score"] and {"tests", "leaderboard", "output", "execution_time"} <= set(res)
+        names = [t["name"] for t in res["tests"]]
+        assert names[0] == "stage 01: correctness" and "stage 01: op time" in names
+        assert sum(t["score"] for t in res["tests"]) == pytest.approx(r["score"])
+        assert sum(t["max_score"] for t in res["tests"]) == pytest.approx(r["max_score"])
+        assert all(t["visibility"] == "visible" and isinstance(t["output"], str) for t in res["tests"])
+        assert "[seed" not in json.dumps(res)  # the inputs' seed is the staff's
+    good = json.loads((graded["out"] / "gradescope" / "correct" / "results.json").read_text())
+    assert good["leaderboard"] == [{"name": "stage 01 op time (s)", "value": round(graded["rows"]["correct"]
+                                                                                    ["op_time_s"], 6), "order": "asc"}]
+    halo = json.loads((graded["out"] / "gradescope" / "halo" / "results.json").read_text())
+    assert halo["leaderboard"] == [] and "conv1: FAIL" in halo["tests"][0]["output"]
+
+
+def test_regrading_one_student_replaces_only_that_row(graded, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(graded["out"], out)
+    before = json.loads((out / "grades.json").read_text())
+    result = CliRunner().invoke(main, ["grade", str(graded["submissions"]), "--students", "syntax", "--stages", "01",
+                                       "--rubric", str(graded["rubric"]), "--out", str(out), "--seed", "409",
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "merged into the existing grades.json: replaced 1 row and added 0 (students syntax; stages 01); kept the " \
+           f"other {len(before['rows']) - 1}" in result.output
+    after = json.loads((out / "grades.json").read_text())
+    assert [(r["student"], r["stage"]) for r in after["rows"]] == [(r["student"], r["stage"]) for r in before["rows"]]
+    for old, new in zip(before["rows"], after["rows"]):
+        if old["student"] == "syntax":
+            assert new["seed"] == grading.job_seed(409, "syntax", "01") != old["seed"]
+            assert new["status"] == "error"
+        else:
+            assert new == old
+    assert [run["seed"] for run in after["meta"]["runs"]] == [408, 409]
+    with open(out / "grades.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == len(before["rows"])
+    bad = CliRunner().invoke(main, ["grade", str(graded["submissions"]), "--students", "nobody", "--out", str(out)])
+    assert bad.exit_code != 0 and "no student folder 'nobody'" in bad.output
+
+
+def test_a_single_submission_writes_results_json_where_gradescope_reads_it(graded, tmp_path):
+    one = graded["submissions"] / "syntax"
+    result = CliRunner().invoke(main, ["grade", str(one), "--stages", "01", "--rubric", str(graded["rubric"]),
+                                       "--out", str(tmp_path / "results"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    res = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert res["score"] == 0 and res["tests"][0]["status"] == "failed" and "SyntaxError" in res["tests"][0]["output"]
+    assert not (tmp_path / "results" / "gradescope").exists()
+    meta = json.loads((tmp_path / "results" / "grades.json").read_text())["meta"]
+    assert meta["seed"] != 408 and meta["seed"] >= 0  # fresh when not given, and recorded
+
+
+def test_the_cluster_path_gives_the_single_machine_report(graded, tmp_path):
+    """A Dask LocalCluster (two worker processes) grades part of the class with the run's seed: the same inputs,
+    so the same statuses, checks and accuracy as the single-machine run; op times are measured again."""
+    pytest.importorskip("distributed")
+    picked = ["correct", "halo", "syntax", "nostage"]
+    report = grading.grade(graded["submissions"], stages=["01"], rubric=graded["rubric"], out=tmp_path / "cluster",
+                           seed=408, progress=False, students=picked, cluster="local:2")
+    assert "LocalCluster of 2 worker processes" in report["meta"]["graded_on"]
+    rows = {r["student"]: r for r in report["rows"]}
+    assert list(rows) == [s for s in graded["rows"] if s in picked]  # the single machine's order
+    for student in picked:
+        mine, theirs = rows[student], graded["rows"][student]
+        for key in ("status", "score" if student != "correct" else "correctness_points", "seed", "accuracy",
+                    "reference_accuracy", "correctness_points", "accuracy_points"):
+            assert mine[key] == theirs[key], (student, key, mine[key], theirs[key])
+        assert len(mine["details"].get("checks", [])) == len(theirs["details"].get("checks", []))
+    assert rows["correct"]["op_time_s"] > 0 and rows["correct"]["details"]["worker"]
+    assert grading.compare_reports({"rows": list(rows.values())},
+                                   {"rows": [graded["rows"][s] for s in picked]})["differences"] == []
+
+
+def test_gpu_workers_each_get_their_own_gpu():
+    """--gpus: one worker per GPU, each job's child pinned with CUDA_VISIBLE_DEVICES (a fake list of four GPUs)."""
+    import threading
+    import time
+
+    assert grading.parse_gpus("all", [0, 1, 2, 3]) == [0, 1, 2, 3]
+    assert grading.parse_gpus("0,2", [0, 1, 2, 3]) == [0, 2]
+    for spec, words in (("5", "no GPU 5 here"), ("0,0", "names a GPU twice"), ("x", "takes 'all' or GPU indices")):
+        with pytest.raises(grading.GradeError, match=words):
+            grading.parse_gpus(spec, [0, 1, 2, 3])
+    with pytest.raises(grading.GradeError, match="there is no GPU here"):
+        grading.parse_gpus("all", [])
+    busy: dict[str, int] = {}
+    seen, lock = [], threading.Lock()
+
+    def fake_job(task, env):
+        gpu = env["CUDA_VISIBLE_DEVICES"]
+        with lock:
+            assert busy.get(gpu, 0) == 0, f"GPU {gpu} given to two jobs at once"
+            busy[gpu] = busy.get(gpu, 0) + 1
+            seen.append(gpu)
+        time.sleep(0.02)
+        with lock:
+            busy[gpu] -= 1
+        return {"task": task["n"], "gpu": gpu}
+
+    tasks = [{"n": i, "student": f"s{i}"} for i in range(12)]
+    rows = grading.run_local(tasks, 3, fake_job, gpus=[0, 2, 3])
+    assert [r["task"] for r in rows] == list(range(12))  # in the order of the tasks
+    assert set(seen) == {"0", "2", "3"} and len(seen) == 12
+
+
+@pytest.mark.skipif(device._driver_version() is not None, reason="a CUDA driver is here")
+@pytest.mark.parametrize("args, words", [
+    (["--gpus", "all"], "there is no GPU here"),
+    (["--stages", "99"], "unknown stage '99'"),
+    (["--stages", "00"], "defines no VARIANTS"),
+    (["--stages", ","], "takes stage numbers"),
+    (["--cluster", "moon:3"], "--cluster takes local[:N]"),
+    (["--cluster", "slurm"], "needs the number of jobs"),
+    (["--jobs", "0"], "0 is not in the range"),
+])
+def test_bad_grade_arguments_are_refused_in_one_line(tmp_path, args, words):
+    (tmp_path / "subs" / "ann" / "notebooks").mkdir(parents=True)
+    result = CliRunner().invoke(main, ["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code != 0 and words in result.output, result.output
+    assert not (tmp_path / "o").exists()
 
 
 # ------------------------------------------------------------------------------------------- the parts
@@ -417,8 +627,8 @@ def test_result_frames_are_validated():
 
 def test_message_kinds_are_defined_once():
     assert {k.value for k in protocol.Kind} == {"hello", "phase", "start", "reference", "load_error", "loaded", "case",
-                                                "checks_done", "accuracy", "accuracy_done", "timing",
-                                                "grader_error", "done"}
+                                                "checks_done", "technique", "accuracy", "accuracy_done", "timing",
+                                                "tampered", "grader_error", "done"}
     assert {a.value for a in protocol.Answer} == {"continue", "stop"}
     assert str(protocol.Kind.DONE) == "done" and protocol.Kind("done") is protocol.Kind.DONE
 

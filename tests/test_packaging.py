@@ -22,17 +22,27 @@ def _parse(req: str) -> tuple[str, str]:
     return m.group(1).lower().replace("_", "-"), m.group(3).replace(" ", "")
 
 
+# what the conda environment holds besides the core: the students' JupyterLab and the test tools
+ENV_EXTRAS = ("lab", "dev")
+
+
 def _pyproject() -> dict[str, str]:
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     reqs = [r for r in meta["dependencies"] if "python_version" not in r]  # back-ports are pip-only
-    reqs += meta["optional-dependencies"]["dev"]
+    for extra in ENV_EXTRAS:
+        reqs += meta["optional-dependencies"][extra]
     return dict(_parse(r) for r in reqs)
 
 
 def _environment() -> dict[str, str]:
+    """conda's packages, and those its ``pip:`` section installs (a package conda-forge names differently) but
+    the kit itself (``-e .``)."""
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     deps = [d for d in env["dependencies"] if isinstance(d, str)]
-    return dict(_parse(d) for d in deps if not d.startswith(("python", "pip")) or d.startswith("python-"))
+    deps = [d for d in deps if not d.startswith(("python", "pip")) or d.startswith("python-")]
+    pip = [d for section in env["dependencies"] if isinstance(section, dict) for d in section.get("pip", [])]
+    deps += [d for d in pip if not d.startswith(("-", "."))]
+    return dict(_parse(d) for d in deps)
 
 
 def test_same_packages_and_pins():
@@ -54,3 +64,11 @@ def test_gpu_extras_match_cuda_major(extra, cupy):
     names = [_parse(r)[0] for r in meta["optional-dependencies"][extra]]
     assert cupy in names and "numba-cuda" in names
     assert any(f"[cu{extra[-2:]}]" in r for r in meta["optional-dependencies"][extra])
+
+
+def test_students_get_jupyterlab_from_the_lab_extra_the_readme_installs():
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert "jupyterlab" in [_parse(r)[0] for r in meta["optional-dependencies"]["lab"]]
+    readme = (REPO / "README.md").read_text()
+    assert re.search(r'pip install -e "\.\[[a-z,]*\blab\b[a-z,]*\]".*labkit lab', readme), \
+        "the README's student command installs the lab extra and runs labkit lab"

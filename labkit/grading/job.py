@@ -17,7 +17,7 @@ import numpy as np
 from .. import reference
 from ..check import CheckResult, compare, layer_case, network_case
 from ..nets import get_net
-from . import sandbox, scoring
+from . import hints, sandbox, scoring
 from .plan import References, StagePlan
 from .protocol import Answer, Kind, read_array
 from .scoring import JobOutcome
@@ -33,6 +33,9 @@ class Job:
         self.acc_items: dict[str, dict] = {}
         self.outcome = JobOutcome()
         self.lib = Path()
+        self._outputs: dict = {}  # (variant, net, layer, batch) -> fingerprints of the outputs seen
+        self._hinted = False
+        self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
 
     # ---- inputs
     def build(self, folder: Path) -> dict:
@@ -59,7 +62,9 @@ class Job:
                           "layer": dataclasses.asdict(case.layer) if case.layer is not None else None,
                           "net": net.name if net is not None else None, "x": f"c{cid}.x",
                           "weights": put_weights(f"c{cid}", case.weights)})
-            self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected}
+            self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
+                               "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
+                               "target": plan.contract[vname]["target"]}
 
         def put_workload(net_name: str, images: int, target: str) -> str:
             wl, _, _ = self.refs.get(net_name, images, target)
@@ -74,7 +79,10 @@ class Job:
             target = spec["target"]
             for net_name in spec["nets"]:
                 for layer_name in spec["layers"][net_name]:
-                    for b in plan.layer_batches(target):
+                    # every batch size, then the first one again on fresh inputs: a result kept from an earlier
+                    # call (cached by shape) is wrong there
+                    batches = plan.layer_batches(target)
+                    for b in (*batches, batches[0]):
                         put_case(layer_case(net_name, layer_name, b, rng, target=target), vname, b, layer_name,
                                  net_name)
                 for b in plan.network_batches(target):  # the layers chained by the engine, intermediates poisoned
@@ -93,8 +101,9 @@ class Job:
         self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
         self.outcome.accuracy_runs = len(accuracy)
         return {"inputs": str(folder / "inputs.npz"), "stage": plan.stage.number, "nets": nets,
-                "workloads": workloads, "cases": cases, "accuracy": accuracy, "timing": timing,
-                "contract": {n: {k: s[k] for k in ("target", "arrays", "per_image", "nets")}
+                "workloads": workloads, "cases": cases, "accuracy": accuracy, "timing": timing, "timed": plan.timed,
+                "technique": plan.technique(),
+                "contract": {n: {k: s.get(k, ()) for k in ("target", "arrays", "per_image", "nets", "fuse", "requires")}
                              for n, s in plan.contract.items()},
                 "memory_mb": r["limits"]["memory_mb"],
                 "memory_guard": sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
@@ -109,17 +118,45 @@ class Job:
         c = self.cases[cid]
         if meta.get("skipped"):
             return
+        got = None
         if meta.get("error"):
             res = CheckResult(c["name"], False, detail=str(meta["error"]), seed=self.seed)
+        elif meta.get("race"):  # the values may be right on the simulator; on a GPU they would not be
+            res = CheckResult(c["name"], False, detail=str(meta["race"]), seed=self.seed)
         else:
             got = read_array(payload, "out")
             if got is None:
                 res = CheckResult(c["name"], False, detail="no output array came back", seed=self.seed)
             else:
-                res = compare(c["name"], got, c["expected"], self.plan.rubric["checks"]["tol"], batch=c["batch"])
+                launches = meta.get("launches") if isinstance(meta.get("launches"), int) else None
+                res = compare(c["name"], got, c["expected"], self.plan.rubric["checks"]["tol"], batch=c["batch"],
+                              launches=launches)
                 res.seed = self.seed
                 res.batches = (c["batch"],)
+        if not res.passed and got is not None and not self._hinted:
+            self._hinted = True
+            res.detail += hints.explain(c, got, res, self._outputs, self.plan.rubric["checks"]["tol"])
+        if got is not None:
+            self._outputs.setdefault((c["variant"], c["net_name"], c["name"], c["batch"]), []).append(
+                hints.fingerprint(got))
+        self._trace(meta.get("trace"), c["variant"], res.passed)
         self.outcome.checks[cid] = res
+
+    def _trace(self, trace, variant: str, passed: bool) -> None:
+        """Own kernels only: library routines called by the timed conv functions, and (GPU code) calls that computed
+        a right answer without launching any kernel of the student's notebook or of given code."""
+        if not isinstance(trace, dict):
+            return
+        o = self.outcome
+        for item in trace.get("library") or []:
+            if isinstance(item, list) and len(item) == 2:
+                o.forbidden.append(f"{item[0]} (variant {variant!r}) calls {item[1]}")
+        without = trace.get("without_own_launch") or []
+        if passed and without and self.plan.contract[variant]["target"] == "gpu":
+            kinds = trace.get("launches") or {}
+            ran = ", ".join(f"{n} of {k}" for k, n in sorted(kinds.items())) or "no kernel at all"
+            o.forbidden.append(f"{', '.join(map(str, without))} (variant {variant!r}) computed its output without "
+                               f"launching a kernel of your notebook (launches: {ran})")
 
     def _accuracy(self, meta: dict, payload: bytes) -> None:
         aid = meta.get("id")
@@ -134,6 +171,7 @@ class Job:
         self.outcome.accuracy[aid] = res
         if meta.get("error"):
             res["message"] = str(meta["error"])
+            self._trace(meta.get("trace"), item["variant"], False)
             return
         probs = read_array(payload, "probs")
         classes = len(wl.net.classes) or 10
@@ -154,6 +192,7 @@ class Job:
             res["passed"] = int((pred == wl.labels).sum()) == int((ref_pred == wl.labels).sum())
         else:
             res["passed"] = res["mismatches"] == 0
+        self._trace(meta.get("trace"), item["variant"], res["passed"])
         if not res["passed"]:
             acc = (f" (accuracy {100 * res['accuracy']:.2f} % vs the reference's {100 * ref_acc:.2f} %)"
                    if res["accuracy"] is not None else "")
@@ -171,6 +210,23 @@ class Job:
             return None
         return runs
 
+    def _predictions(self, payload: bytes, runs: list | None) -> list | None:
+        """The predictions of each timed pass (pass k on the images rotated by k), if they all came back."""
+        if not runs:
+            return None
+        preds = [read_array(payload, f"pred{k}") for k in range(len(runs))]
+        images = self.refs.get(*self.plan.timing_run())[0].images
+        self.outcome.timed_images = images
+        if any(p is None or p.shape != (images,) for p in preds):
+            self.outcome.protocol_error = "timing results without each pass's predictions"
+            return None
+        return preds
+
+    def mismatches(self, preds: list) -> list[int]:
+        """Per timed pass: predictions that differ from the float64 reference's on the same (rotated) images."""
+        _, ref_pred, _ = self.refs.get(*self.plan.timing_run())
+        return [int((p != np.roll(ref_pred, -k)).sum()) for k, p in enumerate(preds)]
+
     def handle(self, kind: Kind, meta: dict, payload: bytes, answer) -> bool:
         """Judge one frame; True once nothing more needs to be heard (done, or a broken protocol)."""
         o = self.outcome
@@ -183,10 +239,15 @@ class Job:
             o.phase = str(meta.get("what", ""))[:200]
         elif kind is Kind.REFERENCE:
             o.reference_runs = self._runs(meta)
+            preds = self._predictions(payload, o.reference_runs)
+            o.reference_mismatches = self.mismatches(preds) if preds else None
         elif kind is Kind.LOAD_ERROR:
             o.load_error = str(meta.get("message", ""))[:2000]
+            o.forbidden += [str(f) for f in meta.get("forbidden") or []]
         elif kind is Kind.LOADED:
             o.problems = {str(k): str(v) for k, v in (meta.get("problems") or {}).items()}
+            o.forbidden += [str(f) for f in meta.get("forbidden") or []]
+            answer(Answer.STOP if o.forbidden else Answer.CONTINUE)
             for name, declared in (meta.get("variants") or {}).items():
                 spec = self.plan.contract.get(name, {})
                 differ = [f"{k}={spec[k]!r} (your VARIANTS says {declared.get(k)!r})"
@@ -195,21 +256,31 @@ class Job:
                     o.notes.append(f"variant {name!r} graded as the stage declares it: {', '.join(differ)}")
         elif kind is Kind.CASE:
             self._case(meta, payload)
+            if not meta.get("skipped"):  # the child waits for the verdict: stop repeating a failing layer
+                res = o.checks.get(meta.get("id"))
+                answer(Answer.CONTINUE if res is not None and res.passed else Answer.STOP)
         elif kind is Kind.CHECKS_DONE:
             o.checks_done = True
-            answer(Answer.CONTINUE if scoring.checks_passed(o) else Answer.STOP)
+            answer(Answer.CONTINUE if scoring.checks_passed(o) and not o.forbidden else Answer.STOP)
+        elif kind is Kind.TECHNIQUE:
+            o.technique = {"passed": bool(meta.get("passed")), "line": str(meta.get("line", ""))}
         elif kind is Kind.ACCURACY:
             self._accuracy(meta, payload)
         elif kind is Kind.ACCURACY_DONE:
             o.accuracy_done = True
             req = self.plan.rubric["op_time"]["requires_accuracy"]
-            go = self.plan.measured and (scoring.accuracy_passed(o) or not req)
+            go = self.plan.measured and (scoring.accuracy_passed(o) or not req) and not o.forbidden
             answer(Answer.CONTINUE if go else Answer.STOP)
         elif kind is Kind.TIMING:
             if meta.get("error"):
                 o.timing_error = str(meta["error"])
             else:
                 o.timing_runs = self._runs(meta)
+                preds = self._predictions(payload, o.timing_runs)
+                o.timing_mismatches = self.mismatches(preds) if preds else None
+        elif kind is Kind.TAMPERED:
+            o.tampered_code = {"what": [str(w) for w in meta.get("what") or []][:20],
+                               "count": int(meta.get("count") or 0), "when": str(meta.get("when", ""))[:300]}
         elif kind is Kind.GRADER_ERROR:
             o.grader_error = str(meta.get("message", ""))
         elif kind is Kind.DONE:
@@ -236,7 +307,7 @@ class Job:
             job = self.build(folder)
             job.update(student_notebook=str(student_nb), reference_notebook=str(solutions / self.plan.solution.name))
             env = sandbox.child_env({"NUMBA_CACHE_DIR": str(folder / "work" / "numba-cache"),
-                                     "LABKIT_SOLUTIONS": str(solutions)}, lib=self.lib)
+                                     "LABKIT_SOLUTIONS": str(solutions), **self.env_extra}, lib=self.lib)
             limits = self.plan.rubric["limits"]
             end = sandbox.run_child(job, folder, env, self.plan.time_limit, limits["memory_mb"],
                                     job["memory_guard"] == "rss", self.handle)

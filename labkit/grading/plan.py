@@ -53,6 +53,7 @@ class StagePlan:
     not_measured_why: str
     time_limit: float
     accuracy_scored: bool = True  # some accuracy run has labelled images (set once the references exist)
+    skipped: dict = dataclasses.field(default_factory=dict)  # variant -> why it cannot run here (not graded)
 
     def layer_batches(self, target: str) -> tuple[int, ...]:
         """Batch sizes of the single-layer checks: the simulator's for GPU code on it, else the rubric's
@@ -84,14 +85,21 @@ class StagePlan:
         net = spec["nets"][0]
         return [n for n in spec["layers"][net] if get_net(net).layer(n).kind == "conv"]
 
-    def max_score(self) -> float:
+    def max_points(self) -> dict[str, float]:
+        """The most each part can give: accuracy counts only on labelled images, op time only when measured
+        (unless ``op_time.when_not_measured`` says otherwise)."""
         pts, op = self.rubric["points"], self.rubric["op_time"]
-        most = pts["correctness"] + pts["accuracy"] + pts["op_time"]
-        if not self.accuracy_scored:
-            most -= pts["accuracy"]
-        if not self.measured and op["when_not_measured"] == "exclude":
-            most -= pts["op_time"]
-        return most
+        return {"correctness": pts["correctness"], "accuracy": pts["accuracy"] if self.accuracy_scored else 0,
+                "op_time": 0 if not self.measured and op["when_not_measured"] == "exclude" else pts["op_time"],
+                "technique": pts["technique"] if self.technique() else 0}
+
+    def technique(self) -> dict | None:
+        """What the technique part checks ({memory, net, layer}), or None when the stage has none."""
+        t = self.rubric["technique"]
+        return dict(t) if t["memory"] and self.rubric["points"]["technique"] > 0 else None
+
+    def max_score(self) -> float:
+        return sum(self.max_points().values())
 
 
 def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulated: bool) -> StagePlan:
@@ -100,10 +108,18 @@ def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulat
     r = rubric.for_stage(stage.number)
     order = desc["order"]
     names = r.get("variants") or order
+    # a variant that cannot run here (CUDA C through cupy on a machine without a GPU) is left out, and said so
+    skipped = {n: desc["variants"][n]["unavailable"] for n in names if desc["variants"].get(n, {}).get("unavailable")}
     unknown = [n for n in names if n not in desc["variants"]]
     if unknown:
         raise GradeError(f"rubric: stage {stage.number} grades variants {unknown}, which {solution.name} does not "
                          f"define (it defines {', '.join(order)})")
+    if r.get("timed_variant") in skipped:
+        raise GradeError(f"rubric: stage {stage.number} times variant {r['timed_variant']!r}, which "
+                         f"{skipped[r['timed_variant']]}: grade on such a machine or time another variant")
+    names = [n for n in names if n not in skipped]
+    if not names:
+        raise GradeError(f"stage {stage.number}: no graded variant can run here ({'; '.join(skipped.values())})")
     timed = r.get("timed_variant") or names[-1]
     if timed not in names:
         raise GradeError(f"rubric: stage {stage.number} times variant {timed!r}, which is not graded ({names})")
@@ -117,7 +133,7 @@ def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulat
         measured, why = False, "the timed variant has no conv function"
     sim_stage = simulated and any(c["target"] == "gpu" for c in contract.values())
     limit = r["limits"]["sim_time_s"] if sim_stage else r["limits"]["time_s"]
-    return StagePlan(stage, solution, r, contract, timed, measured, why, float(limit))
+    return StagePlan(stage, solution, r, contract, timed, measured, why, float(limit), skipped=skipped)
 
 
 class References:

@@ -6,7 +6,8 @@ fails at once on the other (``Kind("...")`` raises) instead of never matching ag
 A frame is ``MAGIC``, ``HEADER`` (uint32 length of a JSON header, uint64 length of an optional ``.npz`` payload),
 then the two; the header's ``"type"`` is a ``Kind``. The child writes frames on a pipe the parent opened (never
 stdout, where a student's prints go); the parent answers one ``Answer`` line on the child's stdin after the
-checks and after the accuracy runs.
+loading, after each check (stop: the rest of a failing layer is skipped), after the checks and after the accuracy
+runs. (The child keeps its stdin for these answers; the student's code gets an empty one.)
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ class Kind(str, enum.Enum):
     PHASE = "phase"  # what it does now (loading, timing the reference): for a timeout's message
     REFERENCE = "reference"  # the reference solution's timed passes
     LOAD_ERROR = "load_error"  # the student's kernel cells did not load: nothing else follows
-    LOADED = "loaded"  # the student's VARIANTS as found, and what is wrong with them
+    LOADED = "loaded"  # the student's VARIANTS as found, what is wrong with them, what the own-kernels scan found;
+    # the parent answers: continue to the checks, or stop
     START = "start"  # one call into the student's code begins (names it for a timeout's message)
-    CASE = "case"  # a check's raw output (or the error it raised)
+    CASE = "case"  # a check's raw output (or the error it raised, or a race); the parent answers continue/stop
     CHECKS_DONE = "checks_done"  # the parent answers: continue to the accuracy runs, or stop
+    TECHNIQUE = "technique"  # does the timed variant's conv use the stage's memory (labkit.check.check_technique)
     ACCURACY = "accuracy"  # one accuracy run's class probabilities
     ACCURACY_DONE = "accuracy_done"  # the parent answers: continue to the timing, or stop
-    TIMING = "timing"  # the student's timed passes
+    TIMING = "timing"  # the student's timed passes (and each pass's predictions)
+    TAMPERED = "tampered"  # the snapshot differed after a call into the student's code: what changed, and when
     GRADER_ERROR = "grader_error"  # the child's own failure (or the reference's): not the student's fault
     DONE = "done"  # the last frame
 

@@ -23,7 +23,9 @@ SECTIONS = {
     "checks": {"batches": list, "tol": (int, float)},
     "accuracy": {"images": int},
     "timing": {"images": int, "warmup": int, "repeat": int},
-    "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float)},
+    "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float),
+               "technique": (int, float)},
+    "technique": {"memory": str, "net": str, "layer": str},
     "op_time": {"full_at_ratio": (int, float), "zero_at_ratio": (int, float), "requires_accuracy": bool,
                 "when_not_measured": str},
 }
@@ -100,6 +102,16 @@ def _check_values(where: str, label: str, r: dict) -> None:
     if r["timing"]["repeat"] < 1 or r["timing"]["warmup"] < 0 or r["timing"]["images"] < 1 \
             or r["accuracy"]["images"] < 1:
         raise RubricError(f"{where} ({label}): image counts and timing.repeat must be >= 1, warmup >= 0")
+    memory = r["technique"]["memory"]
+    if memory not in ("", "shared", "constant"):
+        raise RubricError(f"{where} ({label}): technique.memory must be \"shared\", \"constant\" or \"\" (none)")
+    if memory:
+        from ..nets import NETS
+
+        net = NETS.get(r["technique"]["net"])
+        if net is None or r["technique"]["layer"] not in net.conv_layers:
+            raise RubricError(f"{where} ({label}): technique.net and technique.layer must name a conv layer of a "
+                              f"net (e.g. net = \"cifar10\", layer = \"conv2\")")
     if r["limits"]["time_s"] <= 0 or r["limits"]["sim_time_s"] <= 0:
         raise RubricError(f"{where} ({label}): time limits must be positive")
 

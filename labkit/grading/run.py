@@ -1,18 +1,22 @@
 """One ``labkit grade`` run: every submission for every selected stage, a row each, then the reports.
 
 Everything the jobs share (the stage plans, the reference data) is made before the first child starts; a job
-that fails in the grader itself becomes a ``grader-error`` row and the run goes on to the next one.
+that fails in the grader itself becomes a ``grader-error`` row and the run goes on to the next one. Jobs run here
+(``--jobs N`` threads, or ``--gpus``: one per GPU, each child pinned with ``CUDA_VISIBLE_DEVICES``) or on a Dask
+cluster (``--cluster``, ``labkit.grading.cluster``); either way each (student, stage) gets the same inputs for the
+same run seed, so the merged report of a cluster run equals a single machine's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
-import platform
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,13 +24,13 @@ import numpy as np
 
 from .. import device
 from ..stages import STAGES, label, solutions_folder
-from . import scoring
+from . import environment, scoring
 from .job import Job
-from .plan import References, plan_stage
-from .reports import write_reports
-from .rubric import GradeError, load_rubric
+from .plan import References, StagePlan, plan_stage
+from .reports import merge_reports, write_reports
+from .rubric import GradeError, Rubric, load_rubric
 from .sandbox import memory_guard_text
-from .submissions import find_submissions, select_stages
+from .submissions import Submission, find_submissions, select_stages
 
 
 def simulator_if_no_driver() -> str:
@@ -46,19 +50,199 @@ def simulator_if_no_driver() -> str:
     return "switched"
 
 
-def _missing_row(sub, stage, plan, seed: int, where: Path) -> dict:
-    row = scoring.empty_row(sub.student, stage, plan)
-    row.update(status="missing", seed=seed, message=f"missing stage: no {stage.notebook} in {where}"
-               + (" (looked in notebooks/ and every folder below)" if sub.root else ""))
+# ---------------------------------------------------------------------------------------------- seeds
+
+
+def fresh_seed() -> int:
+    """A run seed from the operating system's entropy: nothing a student sees (names, dates, files) gives it."""
+    return int(np.random.SeedSequence().entropy % (2 ** 63))
+
+
+def job_seed(run_seed: int, student: str, stage: str) -> int:
+    """The seed of one (student, stage)'s inputs: a function of the secret run seed and the names, so a job gets
+    the same inputs whatever machine, shard or order grades it, and nobody without the run seed can tell them."""
+    key = int.from_bytes(hashlib.sha256(f"{student}\0{stage}".encode()).digest()[:8], "little")
+    return int(np.random.SeedSequence(int(run_seed), spawn_key=(key,)).generate_state(1, dtype=np.uint32)[0])
+
+
+# ------------------------------------------------------------------------------------------------ GPUs
+
+
+def available_gpus() -> list[int]:
+    """Indices of this machine's GPUs (``nvidia-smi``; CUDA_VISIBLE_DEVICES, if set, narrows them), [] if none."""
+    import shutil
+    import subprocess
+
+    if device.info().simulated or device._driver_version() is None:
+        return []
+    found: list[int] = []
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30).stdout
+            found = [int(v) for v in out.split() if v.strip().isdigit()]
+        except (OSError, subprocess.SubprocessError, ValueError):
+            found = []
+    if not found and device.info().kind == "gpu":
+        found = [0]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        keep = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+        found = [g for g in found if g in keep] if found else keep
+    return found
+
+
+def parse_gpus(spec: str, available: list[int]) -> list[int]:
+    """``--gpus all`` or ``--gpus 0,2``: the GPU indices to use, checked against those ``available``."""
+    spec = (spec or "").strip()
+    if not available:
+        raise GradeError(f"--gpus {spec}: there is no GPU here (the CUDA simulator runs GPU code on the CPU: use "
+                         f"--jobs N instead)")
+    if spec == "all":
+        return list(available)
+    try:
+        chosen = [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise GradeError(f"--gpus takes 'all' or GPU indices separated by commas (e.g. 0,2), not {spec!r}") from None
+    if not chosen:
+        raise GradeError("--gpus takes 'all' or GPU indices separated by commas (e.g. 0,2)")
+    unknown = [g for g in chosen if g not in available]
+    if unknown:
+        raise GradeError(f"--gpus: no GPU {unknown[0]} here; this machine has GPU "
+                         f"{', '.join(map(str, available))}")
+    if len(set(chosen)) != len(chosen):
+        raise GradeError(f"--gpus names a GPU twice: {spec}")
+    return chosen
+
+
+class GpuSlots:
+    """One worker per GPU: a job takes a free GPU, its child sees only that one (CUDA_VISIBLE_DEVICES), and gives it
+    back when the child has ended."""
+
+    def __init__(self, gpus: list[int]):
+        self._free = list(gpus)
+        self._cond = threading.Condition()
+
+    def acquire(self) -> int:
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            return self._free.pop(0)
+
+    def release(self, gpu: int) -> None:
+        with self._cond:
+            self._free.append(gpu)
+            self._cond.notify()
+
+
+# ------------------------------------------------------------------------------------ what every job needs
+
+
+class Context:
+    """The plans and the reference data of one run, made once per process (the parent, or a cluster worker)."""
+
+    def __init__(self, stages: list[str], rubric: Rubric, solutions: Path, gpu: bool, simulated: bool):
+        chosen = [STAGES[s] for s in stages]
+        self.plans: dict[str, StagePlan] = {s.number: plan_stage(s, solutions, rubric, gpu, simulated)
+                                            for s in chosen}
+        self.refs = References()
+        for plan in self.plans.values():  # the reference data every job shares, prepared before any child starts
+            self.refs.prepare(plan)
+        self.gpu = gpu
+
+
+def missing_row(student: str, plan: StagePlan, seed: int, where: str, searched: bool) -> dict:
+    row = scoring.empty_row(student, plan.stage, plan)
+    row.update(status="missing", seed=seed, message=f"missing stage: no {plan.stage.notebook} in {where}"
+               + (" (looked in notebooks/ and every folder below)" if searched else ""))
     return row
+
+
+def grader_error_row(ctx: Context, task: dict, message: str, trace: str = "") -> dict:
+    plan = ctx.plans[task["stage"]]
+    row = scoring.empty_row(task["student"], plan.stage, plan)
+    row.update(status="grader-error", notebook=task["notebook"], seed=task["seed"], message=message,
+               details={"traceback": trace} if trace else {})
+    return row
+
+
+def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
+    """One (student, stage): a child under its limits, or the row saying why there was none."""
+    plan = ctx.plans[task["stage"]]
+    if task["notebook"] is None:
+        return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
+    job = Job(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
+    job.env_extra = dict(env_extra or {})
+    try:
+        job.run()
+        row = job.row()
+        row["notebook"] = task["notebook"]
+    except Exception as exc:  # noqa: BLE001 - the grader's own failure for one job: record it, go on
+        row = grader_error_row(ctx, task, f"grader error: {type(exc).__name__}: {exc}",
+                               traceback.format_exc(limit=8))
+    if task.get("note"):
+        row["message"] += f" [{task['note']}]"
+    if env_extra and env_extra.get("CUDA_VISIBLE_DEVICES") is not None:
+        row["details"]["gpu"] = env_extra["CUDA_VISIBLE_DEVICES"]
+    return row
+
+
+def make_tasks(subs: list[Submission], stages: list[str], run_seed: int, root: Path) -> list[dict]:
+    tasks = []
+    for sub in subs:
+        for number in stages:
+            nb = sub.notebooks.get(number)
+            tasks.append({"student": sub.student, "stage": number, "notebook": str(nb) if nb else None,
+                          "seed": job_seed(run_seed, sub.student, number), "note": sub.notes.get(number, ""),
+                          "where": str(sub.root or root), "searched": sub.root is not None})
+    return tasks
+
+
+def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], dict], gpus: list[int] | None = None,
+              on_row: Callable[[dict, dict], None] | None = None) -> list[dict]:
+    """Rows for ``tasks``, ``workers`` at a time (one per GPU with ``gpus``: each task's runner gets
+    ``{"CUDA_VISIBLE_DEVICES": "<gpu>"}``), in the order of the tasks."""
+    slots = GpuSlots(gpus) if gpus else None
+    rows: list = [None] * len(tasks)
+
+    def one(i: int) -> None:
+        env = {}
+        gpu = slots.acquire() if slots else None
+        try:
+            if gpu is not None:
+                env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+            rows[i] = runner(tasks[i], env)
+        finally:
+            if slots:
+                slots.release(gpu)
+        if on_row:
+            on_row(tasks[i], rows[i])
+
+    if workers == 1:
+        for i in range(len(tasks)):
+            one(i)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(one, range(len(tasks))))
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- the run
 
 
 def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str | Path | None = None,
           solutions: str | Path | None = None, out: str | Path = "grades", jobs: int = 1, seed: int | None = None,
-          progress: bool = True, command: str | None = None) -> dict:
-    """Grade every submission for every selected stage; write ``grades.csv`` and ``grades.json`` under ``out``.
+          progress: bool = True, command: str | None = None, students: list[str] | None = None,
+          gpus: str | None = None, cluster: str | None = None, merge: bool | None = None,
+          gradescope: bool = True) -> dict:
+    """Grade every submission for every selected stage; write ``grades.csv``, ``grades.json`` and the Gradescope
+    ``results.json`` files under ``out``.
 
-    Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the grader's own problems.
+    ``students`` grades only those student folders; with it (or ``stages``) an existing report in ``out`` is
+    updated: only the graded (student, stage) rows are replaced (``merge``, default: then). ``gpus`` ("all" or
+    "0,2"): one job per GPU at a time, each pinned to its GPU. ``cluster``: a Dask cluster (see
+    ``labkit.grading.cluster``). Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the
+    grader's own problems.
     """
     from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
@@ -70,79 +254,89 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     if not solutions.is_dir():
         raise GradeError(f"no solutions folder at {solutions}")
     submissions = Path(submissions)
+    explicit_stages = bool(stages)
     if submissions.is_file() and not stages:
         stages = list(find_submissions(submissions, list(STAGES.values()))[0].notebooks)
     chosen = select_stages(stages, solutions)
     subs = find_submissions(submissions, chosen)
+    single = submissions.is_file() or (len(subs) == 1 and subs[0].root == submissions)
+    if students:
+        names = {s.student for s in subs}
+        unknown = [n for n in students if n not in names]
+        if unknown:
+            raise GradeError(f"--students: no student folder {unknown[0]!r} in {submissions}"
+                             + (f" (there are {len(names)}: {', '.join(sorted(names)[:8])}"
+                                f"{', ...' if len(names) > 8 else ''})" if names else ""))
+        subs = [s for s in subs if s.student in students]
     if jobs < 1:
         raise GradeError("--jobs must be at least 1")
-    plans = {s.number: plan_stage(s, solutions, rub, gpu, simulated) for s in chosen}
+    if cluster and gpus:
+        raise GradeError("--gpus and --cluster do not go together: a cluster's workers each have their own GPU")
+    gpu_list = parse_gpus(gpus, available_gpus()) if gpus else None
+    if cluster:
+        from .cluster import parse as parse_cluster
+
+        parse_cluster(cluster)  # a typo is refused before anything runs
+    numbers = [s.number for s in chosen]
+    ctx = Context(numbers, rub, solutions, gpu, simulated)
+    plans = ctx.plans
     if dinfo.kind == "cpu":
         needs_gpu = [n for n, p in plans.items() if any(c["target"] == "gpu" for c in p.contract.values())]
         if needs_gpu:
             raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
                              f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
-    refs = References()
-    for plan in plans.values():  # the reference data every job shares, prepared before any child starts
-        refs.prepare(plan)
-    run_seed = int(np.random.SeedSequence(seed).entropy % (2 ** 63)) if seed is None else int(seed)
-    seeds = np.random.SeedSequence(run_seed).generate_state(len(subs) * len(chosen) + 1, dtype=np.uint32)
-    tasks = [(i, sub, stage, int(seeds[i * len(chosen) + j]))
-             for i, sub in enumerate(subs) for j, stage in enumerate(chosen)]
-    rows: dict[tuple[int, str], dict] = {}
-    left = {i: len(chosen) for i in range(len(subs))}
+    run_seed = fresh_seed() if seed is None else int(seed)
+    tasks = make_tasks(subs, numbers, run_seed, submissions)
     bar = tqdm(total=len(subs), desc="grading", unit="submission", disable=not progress, file=sys.stderr)
+    left = {s.student: len(numbers) for s in subs}
     lock = threading.Lock()
 
-    def one(task) -> None:
-        i, sub, stage, job_seed = task
-        plan = plans[stage.number]
-        nb = sub.notebooks.get(stage.number)
-        if nb is None:
-            row = _missing_row(sub, stage, plan, job_seed, sub.root or submissions)
-        else:
-            job = Job(plan, refs, sub.student, nb, job_seed, gpu)
-            try:
-                job.run()
-                row = job.row()
-            except Exception as exc:  # noqa: BLE001 - the grader's own failure for one job: record it, go on
-                row = scoring.empty_row(sub.student, stage, plan)
-                row.update(status="grader-error", notebook=str(nb), seed=job_seed,
-                           message=f"grader error: {type(exc).__name__}: {exc}",
-                           details={"traceback": traceback.format_exc(limit=8)})
-            if sub.notes.get(stage.number):
-                row["message"] += f" [{sub.notes[stage.number]}]"
+    def on_row(task: dict, row: dict) -> None:
         with lock:
-            rows[(i, stage.number)] = row
-            left[i] -= 1
-            if left[i] == 0:
+            left[task["student"]] -= 1
+            if left[task["student"]] == 0:
                 bar.update()
-                bar.set_postfix_str(sub.student[:20])
+                bar.set_postfix_str(task["student"][:20])
 
     started = time.monotonic()
-    if jobs == 1:
-        for task in tasks:
-            one(task)
+    if cluster:
+        from .cluster import run_on_cluster
+
+        spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions)}
+        rows, where = run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
+                                     lambda task, why: grader_error_row(ctx, task, why))
     else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(one, tasks))
+        workers = len(gpu_list) if gpu_list else jobs
+        rows = run_local(tasks, workers, lambda task, env: grade_task(ctx, task, env), gpu_list, on_row)
+        where = (f"this machine, one job per GPU ({', '.join(map(str, gpu_list))})" if gpu_list
+                 else f"this machine, {jobs} job{'s' * (jobs > 1)} at a time")
     bar.close()
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(["labkit", *sys.argv[1:]]),
         "device": device.label(dinfo), "simulated": simulated, "gpu": gpu,
+        "environment": environment.describe(dinfo),
         "memory_guard": memory_guard_text(rub.base["limits"]["memory_mb"], gpu),
-        "stages": [s.number for s in chosen], "students": len(subs), "seed": run_seed,
-        "rubric": rub.to_dict(), "weights": refs.weight_sources, "solutions": str(solutions),
-        "python": platform.python_version(), "seconds": round(time.monotonic() - started, 1),
+        "stages": numbers, "students": len(subs), "seed": run_seed, "graded_on": where,
+        "rubric": rub.to_dict(), "weights": ctx.refs.weight_sources, "solutions": str(solutions),
+        "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - started, 1),
         "timed_variants": {n: label(n, p.timed) for n, p in plans.items()},
-        "batches": {n: {v: {"layers": p.layer_batches(c["target"]), "network": p.network_batches(c["target"])}
+        "skipped_variants": {n: p.skipped for n, p in plans.items() if p.skipped},
+        "batches": {n: {v: {"layers": p.layer_batches(c["target"]), "repeat": p.layer_batches(c["target"])[0],
+                            "network": p.network_batches(c["target"])}
                         for v, c in p.contract.items()} for n, p in plans.items()},
         "op_time": {n: ("measured" if p.measured else f"not measured ({p.not_measured_why})")
                     for n, p in plans.items()},
+        "op_time_rule": "best (minimum) of timing.repeat passes after timing.warmup; spread in each row's details",
         "accuracy": {n: ("scored" if p.accuracy_scored else "not scored (no labelled images)")
                      for n, p in plans.items()},
+        "single_submission": single,
     }
-    report = {"meta": meta, "rows": [rows[(i, s.number)] for i in range(len(subs)) for s in chosen]}
-    write_reports(Path(out), report)
+    report = {"meta": meta, "rows": rows}
+    out = Path(out)
+    if merge is None:
+        merge = bool(students) or explicit_stages
+    if merge and (out / "grades.json").is_file():
+        report = merge_reports(out / "grades.json", report)
+    write_reports(out, report, gradescope=gradescope)
     return report

@@ -87,8 +87,7 @@ def select_stages(numbers: list[str] | None, solutions: Path) -> list[Stage]:
             raise GradeError(f"no stage notebook with VARIANTS in {solutions}")
         return chosen
     chosen = []
-    for n in numbers:
-        n = n.zfill(2)
+    for n in dict.fromkeys(n.strip().zfill(2) for n in numbers):
         if n not in STAGES:
             raise GradeError(f"unknown stage {n!r}; stages are {', '.join(STAGES)}")
         sol = solutions / STAGES[n].notebook

@@ -8,7 +8,11 @@ solution. Then it executes only the student's ``kernel``-tagged cells and calls 
 every run calls them (``labkit.engine``): each layer on a NaN-poisoned output, the whole network with every
 intermediate poisoned, the real images, the timed passes. Before each of those calls the snapshot is put back, so a
 cell that patches labkit (the engine, the layer convention, ``labkit.check``, ``labkit.timing``), numpy, the time
-module or this worker changes nothing the grader measures; each clock takes its functions when it is made.
+module or this worker changes nothing the grader measures; each clock takes its functions when it is made. After
+each of them (and after every timed pass) the snapshot is compared: a difference is reported (``tampered``) and the
+job ends. On the simulator every launch of a layer check is watched for races (``labkit.simcheck``). The timed
+variant's conv functions are scanned (``ownership.scan``) and traced while they run (``ownership.Tracer``): library
+routines and whose kernels ran are reported, for the grader to judge.
 
 Outputs go back RAW through the pipe (``labkit.grading.protocol``); the grader compares them with the float64
 reference in its own process. Student prints go to this process's stdout/stderr, which the grader keeps apart.
@@ -19,6 +23,7 @@ the notebook's VARIANTS declare: target, arrays, per_image, nets and the layers 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -26,6 +31,7 @@ import time
 import traceback
 import types
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,7 +40,9 @@ _perf_counter = time.perf_counter
 _os_write = os.write
 _contextmanager = contextmanager
 
-from .. import device, engine, nbcells  # noqa: E402  (labkit first: its runtime settings precede numba's)
+import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
+
+from .. import device, engine, gpu, nbcells, simcheck, simulator, stages  # noqa: E402
 
 from numba import cuda as _cuda  # noqa: E402
 
@@ -42,10 +50,13 @@ from numba import cuda as _cuda  # noqa: E402
 _cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
 _cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
 
+from ..check import check_technique  # noqa: E402
 from ..layers import impl_for, kernel_layers  # noqa: E402
 from ..nets import Layer, Net, get_net  # noqa: E402
-from ..stages import Variant  # noqa: E402
+from ..stages import STAGES, Variant  # noqa: E402
+from . import ownership  # noqa: E402
 from .protocol import Answer, Kind, encode, read_answer  # noqa: E402
+from .snapshot import Snapshot  # noqa: E402
 
 
 class _Channel:
@@ -102,31 +113,40 @@ class _Clock:
         return dict(self._totals)
 
 
-def _snapshot(namespaces: list[tuple[object, bool]]):
-    """A function that puts every attribute of the given modules and classes back as it is now (and, where
-    asked, removes the ones added since: a module global can shadow a builtin)."""
-    missing = object()
-    saved = [(obj, dict(vars(obj)), prune) for obj, prune in namespaces]
-
-    def restore() -> None:
-        for obj, attrs, prune in saved:
-            now = vars(obj)
-            for name, value in attrs.items():
-                if now.get(name, missing) is not value:
-                    setattr(obj, name, value)
-            if prune:
-                for name in [n for n in now if n not in attrs]:
-                    delattr(obj, name)
-
-    return restore
-
-
-def _namespaces() -> list[tuple[object, bool]]:
-    """labkit's modules, this worker, numpy, time, and the classes whose methods the grader relies on."""
+def _namespaces(hooked: list) -> list[tuple[object, bool]]:
+    """labkit's modules, this worker, numpy, time, the classes whose methods the grader relies on, and the kernel
+    classes the launch hook sits on."""
     mods = [(m, not hasattr(m, "__path__")) for n, m in sorted(sys.modules.items())
             if isinstance(m, types.ModuleType) and (n == "labkit" or n.startswith("labkit.") or n == "__main__")]
     classes = [(c, True) for c in (_Channel, _Clock, engine.Prepared, Variant)]
-    return [*mods, (np, False), (time, False), *classes]
+    return [*mods, (np, False), (time, False), *classes, *((cls, False) for cls in dict.fromkeys(hooked))]
+
+
+class _Tampered(Exception):
+    """The snapshot differs after a call into the student's code."""
+
+    def __init__(self, changes: list[str], when: str):
+        super().__init__(", ".join(changes))
+        self.changes, self.when = changes, when
+
+
+def _guard_from_stage(stage: str, log: list[str]) -> None:
+    """``lk.from_stage`` gives the kit's solutions of EARLIER stages only: the graded stage's own solution (or a
+    later one) is refused, and the attempt recorded."""
+    original = stages.from_stage
+
+    @functools.wraps(original)
+    def from_stage(number: str):
+        n = str(number).zfill(2)
+        if n in STAGES and n >= stage:
+            log.append(f"loads the kit's solution of stage {n} (lk.from_stage({number!r})): only earlier stages' "
+                       f"solutions are given code")
+            raise nbcells.NotebookError(f"lk.from_stage({number!r}) in stage {stage}: only the solutions of earlier "
+                                        f"stages are given code")
+        return original(number)
+
+    stages.from_stage = from_stage
+    _labkit.from_stage = from_stage
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -205,22 +225,50 @@ def _gpu_syncs(gpu: bool) -> tuple:
     return tuple(syncs)
 
 
-def _timed_passes(net, variant, x, w, timing: dict, make_clock, restore) -> list[dict[str, float]]:
-    """``timing["warmup"]`` untimed passes on one image, then ``timing["repeat"]`` timed ones (per-layer seconds)."""
+def _timed_passes(net, variant, x, w, timing: dict, make_clock, restore) -> tuple[list, list]:
+    """``timing["warmup"]`` untimed passes on one image, then ``timing["repeat"]`` timed ones (per-layer seconds),
+    pass k on the images rotated by k (``np.roll(x, -k)``): a result cached across passes gives the wrong
+    predictions, which come back with the times (one array per pass) for the grader to compare."""
     prepared = engine.prepare(net, variant, x, w)
     for _ in range(timing["warmup"]):
         restore()
         engine.forward(net, variant, prepared.first(1))
-    restore()
-    return engine.time_passes(net, variant, prepared, timing["repeat"], warmup=False, clock_factory=make_clock)[1]
+    runs, predictions = [], []
+    for k in range(timing["repeat"]):
+        shifted = prepared if k == 0 else engine.prepare(net, variant, np.roll(x, -k, axis=0), w)
+        restore()
+        probs, seconds = engine.time_passes(net, variant, shifted, 1, warmup=False, clock_factory=make_clock)
+        runs += seconds
+        predictions.append(np.asarray(probs).argmax(axis=1).astype(np.int32))
+    return runs, predictions
+
+
+def _pass_arrays(predictions: list) -> dict:
+    return {f"pred{k}": p for k, p in enumerate(predictions)}
 
 
 # ------------------------------------------------------------------------------------------------- the job
 
 
-def run_job(job: dict, chan: _Channel, stdin, info, restore) -> None:
-    gpu = info.kind == "gpu"
-    syncs = _gpu_syncs(gpu)
+def _summary(records: list[dict]) -> dict | None:
+    """What the traced conv calls of one check did: library routines, launches, calls that launched none of the
+    student's (or given) kernels."""
+    if not records:
+        return None
+    launches: dict[str, int] = {}
+    for rec in records:
+        for kind, n in rec["launches"].items():
+            launches[kind] = launches.get(kind, 0) + n
+    library = list(dict.fromkeys((rec["layer"], name) for rec in records for name in rec["library"]))
+    without = [rec["layer"] for rec in records if not rec["launches"].get("own") and not rec["launches"].get("given")]
+    return {"calls": len(records), "library": [list(pair) for pair in library[:4]],
+            "without_own_launch": list(dict.fromkeys(without)), "launches": launches}
+
+
+def run_job(job: dict, chan: _Channel, stdin, info, snap: Snapshot, tracer_ref: list, given_log: list) -> None:
+    gpu_here = info.kind == "gpu"
+    syncs = _gpu_syncs(gpu_here)
+    restore = snap.restore
     with np.load(job["inputs"], allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
     nets = {k: net_from_dict(d) for k, d in job["nets"].items()}
@@ -230,16 +278,29 @@ def run_job(job: dict, chan: _Channel, stdin, info, restore) -> None:
     chan.send(Kind.HELLO, {"device": device.label(info), "kind": info.kind, "simulated": info.simulated,
                            "pid": os.getpid(), "labkit": os.path.dirname(os.path.abspath(engine.__file__))})
     timing = job.get("timing")
+    timed_name = job.get("timed")
+    code = ownership.Code(job["stage"], {n: s.notebook for n, s in STAGES.items()})
+    lib = ownership.Library()
+    student_phase = [False]
 
     def variant(name: str, impls: dict) -> Variant:  # graded as the stage declares it, with these functions
         spec = contract[name]
         return Variant(impls=dict(impls), target=spec["target"], arrays=spec["arrays"],
-                       per_image=bool(spec["per_image"]), nets=tuple(spec["nets"]), name=name, stage=job["stage"])
+                       per_image=bool(spec["per_image"]), nets=tuple(spec["nets"]), name=name, stage=job["stage"],
+                       fuse=tuple(spec.get("fuse", ())), requires=tuple(spec.get("requires", ())))
 
-    def clock_factory(name: str):
-        events = gpu and contract[name]["target"] == "gpu"
+    def check(when: str) -> None:
+        """After a call into the student's code: anything the snapshot holds changed -> the job ends."""
+        changes = snap.changes()
+        if changes:
+            raise _Tampered(changes, when)
 
-        def make_clock() -> _Clock:  # before each timed pass: labkit put back, then a fresh clock
+    def clock_factory(name: str, what: str = ""):
+        events = gpu_here and contract[name]["target"] == "gpu"
+
+        def make_clock() -> _Clock:  # before each timed pass: the last one compared, labkit put back, a fresh clock
+            if student_phase[0]:
+                check(what)
             restore()
             return _Clock(events, syncs)
 
@@ -249,29 +310,45 @@ def run_job(job: dict, chan: _Channel, stdin, info, restore) -> None:
     if timing:
         chan.send(Kind.PHASE, {"what": "loading and timing the reference solution"})
         try:
-            ref = _variant_fields(_variants_of(nbcells.load(job["reference_notebook"]), "reference solution")
-                                  [timing["variant"]])
+            ref = _variant_fields(_variants_of(ownership.load_cells(job["reference_notebook"], code.solution),
+                                               "reference solution")[timing["variant"]])
             net, x, w = workloads[timing["workload"]]
             make_clock, method = clock_factory(timing["variant"])
-            runs = _timed_passes(net, variant(timing["variant"], ref["impls"]), x, w, timing, make_clock, restore)
+            runs, preds = _timed_passes(net, variant(timing["variant"], ref["impls"]), x, w, timing, make_clock,
+                                        restore)
         except BaseException as exc:  # noqa: BLE001 - reported as the grader's own problem
             chan.send(Kind.GRADER_ERROR, {"message": "the reference solution failed: "
                                           + describe_exception(exc, "the reference solution"),
                                           "traceback": traceback.format_exc(limit=6)})
             return
-        chan.send(Kind.REFERENCE, {"runs": runs, "method": method})
+        chan.send(Kind.REFERENCE, {"runs": runs, "method": method}, _pass_arrays(preds))
 
+    try:
+        student_phase[0] = True
+        _student_part(job, chan, stdin, info, snap, tracer_ref, given_log, arrays, nets, contract, workloads, timing,
+                      timed_name, code, lib, variant, check, clock_factory, syncs)
+    except _Tampered as t:
+        restore()
+        chan.send(Kind.TAMPERED, {"what": t.changes[:20], "count": len(t.changes), "when": t.when})
+
+
+def _student_part(job, chan, stdin, info, snap, tracer_ref, given_log, arrays, nets, contract, workloads, timing,
+                  timed_name, code, lib, variant, check, clock_factory, syncs) -> None:
+    restore = snap.restore
     # --- the student's kernel cells, and nothing else of the notebook
     restore()
     chan.send(Kind.PHASE, {"what": "loading the notebook's kernel cells"})
+    ns: dict = {}
     try:
-        found = _variants_of(nbcells.load(job["student_notebook"]), "your notebook")
+        ns = ownership.load_cells(job["student_notebook"], code.own, code.trees)
+        found = _variants_of(ns, "your notebook")
     except BaseException as exc:  # noqa: BLE001 - every way a notebook can fail to load becomes one message
+        check("while loading the kernel cells")
         msg = str(exc) if isinstance(exc, nbcells.NotebookError) else \
             "loading the kernel cells failed: " + describe_exception(exc, "a kernel cell")
-        chan.send(Kind.LOAD_ERROR, {"message": msg})
+        chan.send(Kind.LOAD_ERROR, {"message": msg, "forbidden": list(given_log)})
         return
-    restore()
+    check("while loading the kernel cells")
     declared: dict[str, dict] = {}
     problems: dict[str, str] = {}
     for name in contract:
@@ -283,9 +360,47 @@ def run_job(job: dict, chan: _Channel, stdin, info, restore) -> None:
             declared[name] = _variant_fields(found[name])
         except TypeError as exc:
             problems[name] = f"VARIANTS[{name!r}] {exc}"
+    check("while reading VARIANTS")
+    restore()
     student = {name: variant(name, f["impls"]) for name, f in declared.items()}
+
+    # --- own kernels only: the timed variant's conv functions, scanned now and traced while they run
+    forbidden = list(given_log)
+    if timed_name in student:
+        try:
+            forbidden += ownership.scan(ownership.conv_roots(student[timed_name]), code, lib)
+        except Exception as exc:  # noqa: BLE001 - the scan is the grader's: a crash in it is reported, not hidden
+            chan.send(Kind.GRADER_ERROR, {"message": f"the own-kernels scan failed: {type(exc).__name__}: {exc}",
+                                          "traceback": traceback.format_exc(limit=6)})
+            return
     chan.send(Kind.LOADED, {"variants": {n: {k: v for k, v in f.items() if k != "impls"} | {"impls": sorted(f["impls"])}
-                                         for n, f in declared.items()}, "problems": problems})
+                                         for n, f in declared.items()}, "problems": problems,
+                            "forbidden": list(dict.fromkeys(forbidden))})
+    if read_answer(stdin) is not Answer.CONTINUE:
+        return
+    tracer = ownership.Tracer(code, lib, [ns])
+    tracer_ref[0] = tracer
+    records: list[dict] = []
+
+    def traced(fn, layer_name: str):
+        def call(*args):
+            rec = tracer.call(fn, args)
+            rec["layer"] = layer_name
+            records.append(rec)
+
+        call.__name__ = getattr(fn, "__name__", "conv")
+        return call
+
+    def traced_variant(v: Variant) -> Variant:
+        impls = dict(v.impls)
+        for net_name in v.nets:
+            for layer in kernel_layers(get_net(net_name)):
+                fn = impl_for(v.impls, layer) if layer.kind == "conv" else None
+                if fn is not None:
+                    impls[layer.name] = traced(fn, layer.name)
+        return replace(v, impls=impls)
+
+    checked = {name: (traced_variant(v) if name == timed_name else v) for name, v in student.items()}
 
     # --- checks: raw outputs back to the grader, which compares them
     failed: set = set()  # (variant, net, what) that raised: its other batch sizes are skipped
@@ -294,10 +409,10 @@ def run_job(job: dict, chan: _Channel, stdin, info, restore) -> None:
         restore()
         name, what, layer = c["variant"], c["what"], Layer(**c["layer"]) if c["layer"] else None
         key = (name, c["net_name"], what)
-        if name not in student or key in failed or (layer is None and key[:2] in broken):
+        if name not in checked or key in failed or (layer is None and key[:2] in broken):
             chan.send(Kind.CASE, {"id": c["id"], "skipped": True})
             continue
-        v = student[name]
+        v = checked[name]
         x, w = arrays[c["x"]], {n: arrays[a] for n, a in c["weights"].items()}
         fn = impl_for(v.impls, layer) if layer is not None else None
         if layer is not None and fn is None:
@@ -305,36 +420,76 @@ def run_job(job: dict, chan: _Channel, stdin, info, restore) -> None:
             broken.add(key[:2])
             chan.send(Kind.CASE, {"id": c["id"], "error": f"VARIANTS[{name!r}] has no function for {what} "
                                                           f"(give impls a {layer.name!r} or {layer.kind!r} entry)"})
+            read_answer(stdin)  # the verdict every judged case gets (here: stop)
             continue
-        chan.send(Kind.START, {"what": f"{what} (batch size {c['batch']}) of variant {name!r}"})
+        when = f"{what} (batch size {c['batch']}) of variant {name!r}"
+        chan.send(Kind.START, {"what": when})
+        watch_races = layer is not None and contract[name]["target"] == "gpu" and simulator.active()
+        records.clear()
+        meta: dict = {"id": c["id"]}
+        got = None
         try:
-            if layer is not None:
-                got = engine.call_layer(fn, layer, x, w, v.arrays)
-            else:
-                net = nets[c["net"]]
-                got = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
+            with gpu.counting() as counts, simcheck.watching() if watch_races else _nothing() as watch:
+                if layer is not None:
+                    got = engine.call_layer(fn, layer, x, w, v.arrays)
+                else:
+                    net = nets[c["net"]]
+                    got = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
+        except _Tampered:
+            raise
         except BaseException as exc:  # noqa: BLE001 - the student's raise is a FAIL with its line, not a crash
             failed.add(key)
             broken.add(key[:2])
-            chan.send(Kind.CASE, {"id": c["id"], "error": describe_exception(exc, what)})
-            continue
-        chan.send(Kind.CASE, {"id": c["id"]}, {"out": np.ascontiguousarray(got)})
+            meta["error"] = describe_exception(exc, what)
+        check(f"during {when}")
+        meta["launches"] = counts.launches
+        trace = _summary(records)
+        if trace:
+            meta["trace"] = trace
+        if watch is not None and watch.conflicts:
+            meta["race"] = f"data race at batch size {c['batch']}: {watch.conflicts[0].describe()}"
+        chan.send(Kind.CASE, meta, {"out": np.ascontiguousarray(got)} if got is not None and "error" not in meta
+                  else None)
+        if read_answer(stdin) is not Answer.CONTINUE:  # the grader judged it wrong: the rest of this layer (its
+            failed.add(key)  # other batch sizes) and its net's forward pass would only repeat that
+            broken.add(key[:2])
     chan.send(Kind.CHECKS_DONE)
     if read_answer(stdin) is not Answer.CONTINUE:
         return
 
+    # --- technique: does the timed variant's conv use the stage's memory (its values passed the checks above)
+    tech = job.get("technique")
+    if tech and timed_name in student:
+        restore()
+        v = student[timed_name]
+        conv = impl_for(v.impls, get_net(tech["net"]).layer(tech["layer"]))
+        chan.send(Kind.START, {"what": f"the technique check ({tech['memory']} memory) of variant {timed_name!r}"})
+        r = check_technique(conv, tech["net"], tech["layer"], tech["memory"], arrays=v.arrays, quiet=True)
+        check("during the technique check")
+        chan.send(Kind.TECHNIQUE, {"passed": r.passed, "line": str(r)})
+
     # --- accuracy: the whole network with the student's functions on the grader's images
     for a in job["accuracy"]:
         restore()
-        v = student[a["variant"]]
+        v = checked[a["variant"]]
         net, x, w = workloads[a["workload"]]
-        chan.send(Kind.START, {"what": f"the {net.name} forward pass ({x.shape[0]} images) of variant {v.name!r}"})
+        when = f"the {net.name} forward pass ({x.shape[0]} images) of variant {v.name!r}"
+        chan.send(Kind.START, {"what": when})
+        records.clear()
+        meta = {"id": a["id"]}
+        probs = None
         try:
             probs = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
+        except _Tampered:
+            raise
         except BaseException as exc:  # noqa: BLE001
-            chan.send(Kind.ACCURACY, {"id": a["id"], "error": describe_exception(exc, f"the {net.name} forward pass")})
-            continue
-        chan.send(Kind.ACCURACY, {"id": a["id"]}, {"probs": np.ascontiguousarray(probs)})
+            meta["error"] = describe_exception(exc, f"the {net.name} forward pass")
+        check(f"during {when}")
+        trace = _summary(records)
+        if trace:
+            meta["trace"] = trace
+        chan.send(Kind.ACCURACY, meta, {"probs": np.ascontiguousarray(probs)} if probs is not None else None)
+    tracer_ref[0] = None
     chan.send(Kind.ACCURACY_DONE)
     if not timing or read_answer(stdin) is not Answer.CONTINUE:
         return
@@ -343,14 +498,24 @@ def run_job(job: dict, chan: _Channel, stdin, info, restore) -> None:
     restore()
     name = timing["variant"]
     net, x, w = workloads[timing["workload"]]
-    chan.send(Kind.START, {"what": f"timing variant {name!r} on {x.shape[0]} images"})
-    make_clock, method = clock_factory(name)
+    when = f"timing variant {name!r} on {x.shape[0]} images"
+    chan.send(Kind.START, {"what": when})
+    make_clock, method = clock_factory(name, f"during a pass of {when}")
     try:
-        runs = _timed_passes(net, student[name], x, w, timing, make_clock, restore)
+        runs, preds = _timed_passes(net, student[name], x, w, timing, make_clock, restore)
+    except _Tampered:
+        raise
     except BaseException as exc:  # noqa: BLE001
+        check(f"during {when}")
         chan.send(Kind.TIMING, {"error": describe_exception(exc, "the timed run")})
         return
-    chan.send(Kind.TIMING, {"runs": runs, "method": method})
+    check(f"during {when}")
+    chan.send(Kind.TIMING, {"runs": runs, "method": method}, _pass_arrays(preds))
+
+
+@contextmanager
+def _nothing():
+    yield None
 
 
 def describe(notebook: str, out: str) -> None:
@@ -362,7 +527,9 @@ def describe(notebook: str, out: str) -> None:
         nets = list(getattr(v, "nets", ("cifar10",)))
         layers = {n: [ly.name for ly in kernel_layers(get_net(n)) if impl_for(f["impls"], ly)] for n in nets}
         desc[name] = {"target": f["target"], "arrays": f["arrays"], "per_image": bool(f["per_image"]),
-                      "nets": nets, "layers": layers, "note": getattr(v, "note", "")}
+                      "nets": nets, "layers": layers, "note": getattr(v, "note", ""),
+                      "fuse": list(getattr(v, "fuse", ())), "requires": list(getattr(v, "requires", ())),
+                      "unavailable": v.unavailable() if hasattr(v, "unavailable") else ""}
     with open(out, "w") as fh:
         json.dump({"variants": desc, "order": list(variants)}, fh)
 
@@ -372,13 +539,22 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--describe"]:
         describe(argv[1], argv[3] if len(argv) > 3 and argv[2] == "--json" else "describe.json")
         return 0
-    stdin = sys.stdin
-    job = json.loads(stdin.readline())
+    job = json.loads(sys.stdin.readline())
+    # the grader's answers come on stdin: keep it for them, and give the student's code an empty stdin instead
+    stdin = os.fdopen(os.dup(0), "r")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - for the process's lifetime
     chan = _Channel(int(job["fd"]))
     try:
         _set_limits(job)
         info = device.info()  # detected once, before the snapshot, so putting labkit back keeps it
-        run_job(job, chan, stdin, info, _snapshot(_namespaces()))
+        tracer_ref: list = [None]
+        hooked = [cls for cls, _, _ in ownership.install_launch_hook(tracer_ref)]
+        given_log: list[str] = []
+        _guard_from_stage(job["stage"], given_log)
+        run_job(job, chan, stdin, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log)
         chan.send(Kind.DONE)
     except BaseException as exc:  # noqa: BLE001 - the grader must hear about its worker's own failures
         try:

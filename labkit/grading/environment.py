@@ -1,0 +1,88 @@
+"""What a report was graded with: the device (GPU model and driver, or the simulator), Python and the libraries.
+
+Recorded in every report's ``meta.environment``, so two runs' op times are only compared where they match.
+Versions come from the installed packages' metadata (nothing is imported for it: cupy is never touched on the
+simulator); the NVIDIA driver's own version from ``nvidia-smi`` where there is one.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+
+from .. import device
+
+PACKAGES = ("numpy", "numba", "numba-cuda", "cupy", "labkit")
+_CUPY = ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x")
+
+
+def _version(name: str) -> str | None:
+    if name == "labkit":
+        import labkit
+
+        return getattr(labkit, "__version__", None)
+    names = _CUPY if name == "cupy" else (name,)
+    for n in names:
+        try:
+            return metadata.version(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _nvidia_smi() -> dict:
+    """GPU model(s) and the NVIDIA driver version, from nvidia-smi ({} without it)."""
+    if not shutil.which("nvidia-smi"):
+        return {}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    gpus = [[part.strip() for part in line.split(",")] for line in out.strip().splitlines() if line.count(",") >= 2]
+    if not gpus:
+        return {}
+    return {"gpus": [f"{g[0]}: {g[1]}" for g in gpus], "nvidia_driver": gpus[0][2]}
+
+
+def describe(info: device.DeviceInfo | None = None) -> dict:
+    d = info or device.info()
+    env = {
+        "device": device.label(d),
+        "kind": d.kind,
+        "simulated": d.simulated,
+        "python": platform.python_version(),
+        **{name: _version(name) for name in PACKAGES},
+        "cuda_driver": f"{d.driver[0]}.{d.driver[1]}" if d.driver else None,
+        "cuda_runtime": f"{d.runtime[0]}.{d.runtime[1]}" if d.runtime else None,
+        "cpu": d.cpu,
+        "platform": platform.platform(),
+    }
+    if d.kind == "gpu":
+        env["gpu"] = d.name
+        env["compute_capability"] = f"{d.compute_capability[0]}.{d.compute_capability[1]}" \
+            if d.compute_capability else None
+        env.update(_nvidia_smi())
+    elif d.simulated:
+        env["gpu"] = None
+        env["note"] = ("CUDA simulator (NUMBA_ENABLE_CUDASIM=1): GPU code ran on the CPU, shrunk; its op time is not "
+                       "measured")
+        if env["cupy"]:
+            env["cupy"] += " (installed, not used on the simulator)"
+    else:
+        env["gpu"] = None
+        env["note"] = "no GPU and no simulator: CPU code only"
+    return env
+
+
+def one_line(env: dict) -> str:
+    """"NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4); python 3.11.7, numpy 2.4.6, ..."."""
+    head = env["device"]
+    if env.get("nvidia_driver"):
+        head += f", driver {env['nvidia_driver']}"
+    if env.get("cuda_driver"):
+        head += f" (CUDA {env['cuda_driver']})"
+    libs = ", ".join(f"{k} {env[k] or 'not installed'}" for k in ("python", *PACKAGES))
+    return f"{head}; {libs}"

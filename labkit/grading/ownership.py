@@ -1,0 +1,489 @@
+"""Own kernels only: what the timed variant's conv layers may compute with (docs/grading.md, "Own kernels only").
+
+Runs in the grader's child, on the student's code. Three parts:
+
+- ``Code``: which code objects are the student's (compiled from their kernel cells), which are given code (the
+  kit's solutions of EARLIER stages, loaded with ``lk.from_stage``; labkit's own kernels) and which are the kit's
+  solution of the graded stage (timed in the same process, never the student's answer);
+- ``scan``: a static scan (ast) of the student's functions that the timed conv functions reach (through globals,
+  closures, jit dispatchers and labkit's wrappers), for library compute routines (numpy's dot/matmul/einsum/
+  tensordot/convolve/sliding_window_view..., numpy.linalg, labkit.reference, labkit.cudnn, scipy, PyTorch, cupy's
+  routines, cuDNN, cuBLAS), the ``@`` operator and ``.dot()``: it sees inside ``@njit`` and ``@cuda.jit`` code, which
+  no runtime trace can;
+- ``Tracer``: during each call of a timed conv function, the library entry points are replaced by recorders and
+  every kernel launch is classified (the student's, given, the kit's solution, other); on a GPU stage at least one
+  of the student's (or given) kernels must run.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import inspect
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable
+
+LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the (private) labkit package
+_KERNELS_FILE = os.path.join(LABKIT_DIR, "kernels.py")
+
+#: numpy (and cupy) routines that compute a product, a convolution or a window view for you
+ROUTINES = ("dot", "matmul", "einsum", "einsum_path", "tensordot", "convolve", "correlate", "inner", "outer", "vdot",
+            "kron")
+#: submodules whose every function is a library routine
+SUBMODULES = ("numpy.linalg", "numpy.fft", "cupy.linalg", "cupy.fft", "cupy.cuda.cudnn", "cupy.cudnn",
+              "cupy.cublas", "cupy.cuda.cublas", "cupyx", "scipy", "torch", "tensorflow", "jax")
+STRIDE_TRICKS = ("sliding_window_view", "as_strided")
+#: labkit modules that compute a layer for you, and the engine's entry points that fall back to the reference
+LABKIT_MODULES = ("labkit.reference", "labkit.cudnn")
+LABKIT_ENGINE = ("forward", "run", "call_layer", "time_passes")
+#: method names of an array that compute a product (an unresolvable ``x.dot(w)``)
+METHODS = ("dot", "matmul", "tensordot", "einsum", "__matmul__")
+#: modules whose calls into a library are its own business (the simulator, numpy calling numpy)
+_INTERNAL = ("numba", "numpy", "scipy", "torch", "cupy", "cupyx", "importlib", "functools")
+
+_FAMILY_ROOTS = ("numpy", "cupy", "cupyx", "scipy", "torch", "tensorflow", "jax", "labkit")
+
+
+def _in_family(modname: str, families: Iterable[str]) -> bool:
+    return any(modname == f or modname.startswith(f + ".") for f in families)
+
+
+def _public(modname: str) -> str:
+    """``numpy.linalg._linalg`` -> ``numpy.linalg``: the name a student would write."""
+    parts = modname.split(".")
+    while len(parts) > 1 and parts[-1].startswith("_"):
+        parts.pop()
+    return ".".join(parts)
+
+
+class Library:
+    """Every library compute routine loaded in this process, by identity -> its name ("numpy.matmul")."""
+
+    def __init__(self):
+        self.names: dict[int, str] = {}
+        self._objects: list = []  # keeps them alive (ids stay valid)
+        self._seen_modules = 0
+
+    def refresh(self) -> None:
+        mods = dict(sys.modules)
+        if len(mods) == self._seen_modules:
+            return
+        self._seen_modules = len(mods)
+        for name in sorted(mods):
+            mod = mods[name]
+            if not isinstance(mod, types.ModuleType) or not _in_family(name, _FAMILY_ROOTS):
+                continue
+            family = next((f for f in SUBMODULES + LABKIT_MODULES if _in_family(name, (f,))), None)
+            for attr, value in list(vars(mod).items()):
+                if attr.startswith("_") or isinstance(value, (types.ModuleType, type)) or not callable(value):
+                    continue
+                qual = None
+                owner = getattr(value, "__module__", None)
+                if name in ("numpy", "cupy") and attr in ROUTINES:
+                    qual = f"{name}.{attr}"
+                elif name in ("numpy.lib.stride_tricks", "cupy.lib.stride_tricks") and attr in STRIDE_TRICKS:
+                    qual = f"{name}.{attr}"
+                elif name == "labkit.engine" and attr in LABKIT_ENGINE:
+                    qual = f"{name}.{attr}"
+                elif family is not None and (not isinstance(owner, str) or _in_family(owner, (family,))):
+                    # a routine of that library (not a name it imported from elsewhere, such as labkit.get_net)
+                    qual = f"{_public(owner) if isinstance(owner, str) else name}.{attr}"
+                if qual is not None and id(value) not in self.names:
+                    self.names[id(value)] = qual
+                    self._objects.append(value)
+
+    def name(self, obj) -> str | None:
+        """The library routine ``obj`` is, or None."""
+        try:
+            return self.names.get(id(obj))
+        except TypeError:
+            return None
+
+
+# ---------------------------------------------------------------------------------------------- code objects
+
+
+def code_objects(code: types.CodeType) -> list[types.CodeType]:
+    """``code`` and every code object nested in it (functions, lambdas, comprehensions, classes)."""
+    out, todo = [], [code]
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return out
+
+
+def cell_filename(notebook: str, index: int) -> str:
+    return f"<{notebook} cell {index}>"
+
+
+class Code:
+    """Where code comes from: the student's cells, given code, the kit's solution of this stage, or elsewhere."""
+
+    def __init__(self, stage: str, stage_notebooks: dict[str, str]):
+        self.stage = stage
+        self.own: set = set()  # code objects compiled from the student's kernel cells
+        self.solution: set = set()  # ... from the kit's solution of the graded stage
+        self.trees: dict[str, ast.Module] = {}  # cell file name -> its ast (the student's)
+        self.earlier = {nb for number, nb in stage_notebooks.items() if number < stage}
+
+    def kind(self, code: types.CodeType | None) -> str:
+        if code is None:
+            return "other"
+        if code in self.own:
+            return "own"
+        if code in self.solution:
+            return "solution"
+        name = code.co_filename
+        if name.startswith("<") and " cell " in name and name[1:].split(" cell ", 1)[0] in self.earlier:
+            return "given"
+        if os.path.abspath(name) == _KERNELS_FILE:
+            return "kit"
+        if os.path.abspath(name).startswith(LABKIT_DIR + os.sep):
+            return "labkit"
+        return "other"
+
+
+def load_cells(path: str, record: set, trees: dict | None = None) -> dict:
+    """``labkit.nbcells.load`` that also records every code object its cells compile to (and their asts)."""
+    import linecache
+    import re
+    from pathlib import Path
+
+    from .. import nbcells
+
+    path = Path(path)
+    cells = nbcells.tagged_cells(nbcells._read_quick(path) or nbcells.read(path))
+    if not cells:
+        raise nbcells.NotebookError(f"{path.name} has no code cells tagged {nbcells.KERNEL_TAG!r}; the cells that "
+                                    f"define your kernels must keep that tag (View > Cell Toolbar > Tags in Jupyter)")
+    ns = {"__name__": f"labkit_nb_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"}
+    for index, src in cells:
+        filename = cell_filename(path.name, index)
+        linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
+        code = compile(src, filename, "exec")
+        record.update(code_objects(code))
+        if trees is not None:
+            trees[filename] = ast.parse(src, filename)
+        exec(code, ns)  # noqa: S102 - running the student's own cells is the point
+    return ns
+
+
+# ------------------------------------------------------------------------------------------- unwrapping
+
+
+def functions_behind(obj) -> list[types.FunctionType]:
+    """The Python functions a callable runs: jit dispatchers' ``py_func``, partials, bound methods, a callable
+    object's ``__call__``, and what labkit's wrappers (``lk.gpu.with_copies``) keep in ``device_fn`` and their
+    closures."""
+    out, todo, seen = [], [obj], set()
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or o is None:
+            continue
+        seen.add(id(o))
+        if isinstance(o, functools.partial):
+            todo.append(o.func)
+        elif inspect.ismethod(o):
+            todo.append(o.__func__)
+        elif isinstance(o, types.FunctionType):
+            out.append(o)
+            if os.path.abspath(o.__code__.co_filename).startswith(LABKIT_DIR + os.sep):
+                todo.append(getattr(o, "device_fn", None))  # a labkit wrapper: what it wraps
+                todo.extend(_cell_contents(o))
+        elif getattr(o, "py_func", None) is not None and getattr(o, "py_func", None) is not o:
+            todo.append(o.py_func)
+        elif not isinstance(o, type) and callable(o):
+            call = getattr(type(o), "__call__", None)
+            if isinstance(call, types.FunctionType):
+                todo.append(call)
+    return out
+
+
+def _cell_contents(fn: types.FunctionType) -> list:
+    out = []
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(value) and not isinstance(value, (type, types.ModuleType)):
+            out.append(value)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ static scan
+
+
+def conv_roots(variant) -> list[tuple[str, object]]:
+    """(label, function) of every conv function of a variant, one per function: ("conv1, conv2 (variant 'x')", fn)."""
+    from ..layers import impl_for, kernel_layers
+    from ..nets import get_net
+
+    by_fn: dict[int, tuple[list[str], object]] = {}
+    for net_name in variant.nets:
+        for layer in kernel_layers(get_net(net_name)):
+            fn = impl_for(variant.impls, layer) if layer.kind == "conv" else None
+            if fn is not None:
+                names = by_fn.setdefault(id(fn), ([], fn))[0]
+                if layer.name not in names:
+                    names.append(layer.name)
+    return [(f"{', '.join(names)} (variant {variant.name!r})", fn) for names, fn in by_fn.values()]
+
+
+def _function_nodes(tree: ast.Module) -> dict[int, list[ast.AST]]:
+    """Function and lambda nodes by the first line of their code object (a decorated function's starts at its
+    first decorator)."""
+    nodes: dict[int, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            nodes.setdefault(first, []).append(node)
+        elif isinstance(node, ast.Lambda):
+            nodes.setdefault(node.lineno, []).append(node)
+    return nodes
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` -> ["a", "b", "c"]; None unless it is a chain of attributes on a name."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id, *reversed(parts)]
+    return None
+
+
+_MISSING = object()
+
+
+def _resolve(parts: list[str], scope: dict, local_imports: dict[str, str]):
+    """Follow a dotted name through modules, classes and namespaces; _MISSING where it cannot be known statically."""
+    root = parts[0]
+    if root in local_imports:
+        obj = sys.modules.get(local_imports[root], _MISSING)
+    else:
+        obj = scope.get(root, getattr(builtins, root, _MISSING))
+    for attr in parts[1:]:
+        if obj is _MISSING or not isinstance(obj, (types.ModuleType, type, types.SimpleNamespace)):
+            return _MISSING
+        try:
+            obj = inspect.getattr_static(obj, attr) if isinstance(obj, type) else getattr(obj, attr)
+        except AttributeError:
+            return _MISSING
+    return obj
+
+
+def _where(fn: types.FunctionType, node: ast.AST) -> str:
+    name = fn.__code__.co_filename.strip("<>")
+    return f"{fn.__name__}, {name}, line {getattr(node, 'lineno', fn.__code__.co_firstlineno)}"
+
+
+def _scan_function(fn: types.FunctionType, node: ast.AST, lib: Library, stage: str) -> list[str]:
+    found: list[str] = []
+    scope = fn.__globals__
+    local_imports: dict[str, str] = {}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Import):
+            for alias in sub.names:
+                local_imports[(alias.asname or alias.name).split(".")[0]] = \
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                if _in_family(alias.name, SUBMODULES + LABKIT_MODULES):
+                    found.append(f"imports {alias.name} ({_where(fn, sub)})")
+        elif isinstance(sub, ast.ImportFrom) and sub.module:
+            mod = sys.modules.get(sub.module)
+            for alias in sub.names:
+                obj = getattr(mod, alias.name, _MISSING) if mod is not None else _MISSING
+                what = lib.name(obj) if obj is not _MISSING else None
+                if what is None and _in_family(f"{sub.module}.{alias.name}", SUBMODULES + LABKIT_MODULES):
+                    what = f"{sub.module}.{alias.name}"
+                if what:
+                    found.append(f"imports {what} ({_where(fn, sub)})")
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.BinOp, ast.AugAssign)) and isinstance(sub.op, ast.MatMult):
+            found.append(f"uses the @ operator, a library matrix product ({_where(fn, sub)})")
+        elif isinstance(sub, (ast.Attribute, ast.Name)) and isinstance(getattr(sub, "ctx", None), ast.Load):
+            parts = _chain(sub)
+            if parts is None:
+                if isinstance(sub, ast.Attribute) and sub.attr in METHODS:
+                    found.append(f"calls .{sub.attr}(), a library matrix product ({_where(fn, sub)})")
+                continue
+            obj = _resolve(parts, scope, local_imports)
+            if obj is _MISSING:
+                if len(parts) > 1 and parts[-1] in METHODS:
+                    found.append(f"calls .{parts[-1]}(), a library matrix product ({_where(fn, sub)})")
+                continue
+            what = lib.name(obj)
+            if what:
+                found.append(f"calls {what} ({_where(fn, sub)})")
+        elif isinstance(sub, ast.Call):
+            parts = _chain(sub.func)
+            obj = _resolve(parts, scope, local_imports) if parts else _MISSING
+            if obj is not _MISSING and getattr(obj, "__name__", "") == "from_stage" and \
+                    getattr(obj, "__module__", "") == "labkit.stages" and sub.args and \
+                    isinstance(sub.args[0], ast.Constant) and str(sub.args[0].value) >= stage:
+                found.append(f"loads the kit's solution of stage {sub.args[0].value} ({_where(fn, sub)}): only earlier "
+                             f"stages' solutions are given code")
+    return list(dict.fromkeys(found))
+
+
+def scan(roots: list[tuple[str, object]], code: Code, lib: Library) -> list[str]:
+    """Findings, one line each ("conv1 (variant 'x') calls numpy.matmul (conv_padded, nb cell 7, line 25)"), for
+    the student's code the ``(label, function)`` roots reach; and for a root that is not computed by code from the
+    notebook (or given code) at all."""
+    lib.refresh()
+    nodes = {name: _function_nodes(tree) for name, tree in code.trees.items()}
+    findings: list[str] = []
+    for label, root in roots:
+        behind = functions_behind(root)
+        kinds = [code.kind(f.__code__) for f in behind]
+        direct = lib.name(root) or next((lib.name(f) for f in behind if lib.name(f)), None)
+        if direct:
+            findings.append(f"{label} is {direct}")
+            continue
+        if not any(k in ("own", "given") for k in kinds):
+            where = next((f"{f.__module__}.{f.__qualname__}" for f in behind if code.kind(f.__code__) != "labkit"),
+                         type(root).__name__)
+            what = "the kit's solution of this stage" if "solution" in kinds else where
+            findings.append(f"{label} is computed by {what}, not by code from your notebook")
+            continue
+        seen: set = set()
+        todo = [f for f in behind if code.kind(f.__code__) == "own"]
+        while todo:
+            fn = todo.pop()
+            if fn.__code__ in seen:
+                continue
+            seen.add(fn.__code__)
+            cands = nodes.get(fn.__code__.co_filename, {}).get(fn.__code__.co_firstlineno, [])
+            node = next((n for n in cands if getattr(n, "name", "<lambda>") == fn.__code__.co_name),
+                        cands[0] if cands else None)
+            if node is not None:
+                findings.extend(f"{label} calls {f[6:]}" if f.startswith("calls ") else f"{label} {f}"
+                                for f in _scan_function(fn, node, lib, code.stage))
+            names = {n for c in code_objects(fn.__code__) for n in c.co_names}
+            reached = [fn.__globals__[n] for n in names if n in fn.__globals__] + _cell_contents(fn)
+            for obj in reached:
+                if isinstance(obj, (types.ModuleType, type)) or not callable(obj):
+                    continue
+                todo.extend(f for f in functions_behind(obj) if code.kind(f.__code__) == "own")
+    return list(dict.fromkeys(findings))
+
+
+# ------------------------------------------------------------------------------------------ runtime trace
+
+
+class Tracer:
+    """Records, while a timed conv function runs, every library routine called and every kernel launched."""
+
+    def __init__(self, code: Code, lib: Library, namespaces: list[dict]):
+        self.code, self.lib, self.namespaces = code, lib, namespaces
+        self.current: dict | None = None
+        self._points: list | None = None
+        self._modules_seen = 0
+
+    # the launch hook calls this for every real launch (never for device functions)
+    def launched(self, py_func) -> None:
+        rec = self.current
+        if rec is not None:
+            kind = self.code.kind(getattr(py_func, "__code__", None))
+            rec["launches"][kind] = rec["launches"].get(kind, 0) + 1
+
+    def _wrapper(self, original: Callable, name: str) -> Callable:
+        tracer = self
+
+        @functools.wraps(original)
+        def recorded(*args, **kwargs):
+            rec = tracer.current
+            if rec is not None and len(rec["library"]) < 4 and name not in rec["library"]:
+                caller = sys._getframe(1).f_globals.get("__name__", "") or ""
+                if not _in_family(caller, _INTERNAL):
+                    rec["library"].append(name)
+            return original(*args, **kwargs)
+
+        return recorded
+
+    def _patch_points(self) -> list:
+        if self._points is not None and len(sys.modules) == self._modules_seen:
+            return self._points
+        self.lib.refresh()
+        self._modules_seen = len(sys.modules)
+        points = []
+        # where a student's code looks a routine up: public modules (np.dot, np.linalg.solve, lk.reference.conv2d,
+        # lk.conv2d, scipy.signal.convolve2d), and the names their cells bound (from numpy import dot)
+        owners: list = [m for n, m in sorted(sys.modules.items())
+                        if isinstance(m, types.ModuleType) and _in_family(n, _FAMILY_ROOTS)
+                        and not any(part.startswith("_") for part in n.split("."))]
+        for owner in owners:
+            for attr, value in list(vars(owner).items()):
+                name = self.lib.name(value)
+                if name is not None:
+                    points.append((owner, attr, value, self._wrapper(value, name), True))
+        for ns in self.namespaces:
+            for attr, value in list(ns.items()):
+                name = self.lib.name(value)
+                if name is not None:
+                    points.append((ns, attr, value, self._wrapper(value, name), False))
+        self._points = points
+        return points
+
+    def call(self, fn: Callable, args: tuple) -> dict:
+        """Run ``fn(*args)`` traced; the record: {"library": [names], "launches": {kind: count}}."""
+        rec = {"library": [], "launches": {}}
+        points = self._patch_points()
+        for owner, attr, _, wrapper, is_mod in points:
+            if is_mod:
+                setattr(owner, attr, wrapper)
+            else:
+                owner[attr] = wrapper
+        self.current = rec
+        try:
+            fn(*args)
+        finally:
+            self.current = None
+            for owner, attr, original, _, is_mod in points:
+                if is_mod:
+                    setattr(owner, attr, original)
+                else:
+                    owner[attr] = original
+        return rec
+
+
+def install_launch_hook(tracer_ref: list) -> list[tuple[type, str, object]]:
+    """Count every kernel launch (``kernel[grid, block](...)`` and ``lk.gpu.launch``) for the tracer in
+    ``tracer_ref[0]``: the simulator's ``FakeCUDAKernel.__call__``, or numba-cuda's ``CUDADispatcher.call`` on a
+    GPU. Returns (class, attribute, hook) of what it installed (the snapshot keeps them in place)."""
+    installed = []
+    try:
+        from numba.cuda.simulator import kernel as sim_kernel
+    except Exception:  # noqa: BLE001 - no simulator module: nothing to hook there
+        sim_kernel = None
+    if sim_kernel is not None:
+        orig = sim_kernel.FakeCUDAKernel.__call__
+
+        def sim_call(self, *args, _orig=orig):
+            if not self._device and not sim_kernel._kernel_context and tracer_ref[0] is not None:
+                tracer_ref[0].launched(self.fn)
+            return _orig(self, *args)
+
+        sim_kernel.FakeCUDAKernel.__call__ = sim_call
+        installed.append((sim_kernel.FakeCUDAKernel, "__call__", sim_call))
+    try:
+        from numba.cuda import dispatcher
+    except Exception:  # noqa: BLE001
+        dispatcher = None
+    cls = getattr(dispatcher, "CUDADispatcher", None)
+    if cls is not None and hasattr(cls, "call"):
+        orig_gpu = cls.call
+
+        def gpu_call(self, *args, _orig=orig_gpu, **kwargs):
+            if tracer_ref[0] is not None:
+                tracer_ref[0].launched(getattr(self, "py_func", None))
+            return _orig(self, *args, **kwargs)
+
+        cls.call = gpu_call
+        installed.append((cls, "call", gpu_call))
+    return installed

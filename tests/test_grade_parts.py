@@ -1,0 +1,243 @@
+"""The grader's parts that need no grading run: the own-kernels scan and trace, the snapshot's comparison, the
+hints, seeds, the Gradescope file, merging, and the shipped solutions passing the own-kernels rule."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from labkit import check, grading, reference
+from labkit.grading import hints, ownership, reports, run
+from labkit.grading.snapshot import Snapshot
+from labkit.stages import STAGES
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _notebook(tmp_path: Path, stage: str, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(src), metadata={"tags": ["kernel"]}) for src in cells]
+    path = tmp_path / STAGES[stage].notebook
+    nbformat.write(nb, path)
+    return path
+
+
+def _scan(path: Path, stage: str, variant: str = "v") -> list[str]:
+    code = ownership.Code(stage, {n: s.notebook for n, s in STAGES.items()})
+    ns = ownership.load_cells(path, code.own, code.trees)
+    v = ns["VARIANTS"][variant]
+    return ownership.scan(ownership.conv_roots(v), code, ownership.Library())
+
+
+HEAD = """
+import numpy as np
+from numba import njit
+import labkit as lk
+"""
+
+
+@pytest.mark.parametrize("body, words", [
+    ("""
+     @njit
+     def conv(x, w, b, out, pad, stride):  # numpy inside njit: no runtime trace sees it
+         out[0, 0] = np.dot(x[0, 0], w[0, 0])
+     """, "calls numpy.dot"),
+    ("""
+     from numpy import tensordot as td
+
+     def helper(a, b):
+         return td(a, b)
+
+     def conv(x, w, b, out, pad, stride):
+         out[...] = helper(x, w)
+     """, "calls numpy.tensordot (helper,"),
+    ("""
+     def conv(x, w, b, out, pad, stride):
+         out[...] = x.reshape(len(x), -1) @ w.reshape(len(w), -1).T
+     """, "uses the @ operator"),
+    ("""
+     def conv(x, w, b, out, pad, stride):
+         out[...] = x.dot(w)
+     """, "calls .dot()"),
+    ("""
+     def conv(x, w, b, out, pad, stride):
+         import scipy.signal
+         out[...] = scipy.signal.correlate(x, w)
+     """, "imports scipy.signal"),
+    ("""
+     def conv(x, w, b, out, pad, stride):
+         out[...] = lk.conv2d(x, w, b, pad, stride)
+     """, "calls labkit.reference.conv2d"),
+    ("""
+     conv = lk.reference.conv2d
+     """, "is labkit.reference.conv2d"),
+])
+def test_the_scan_finds_library_compute_routines(tmp_path, body, words):
+    path = _notebook(tmp_path, "01", HEAD + textwrap.dedent(body),
+                     'VARIANTS = lk.variants("01", {"v": lk.Variant({"conv": conv}, target="cpu", nets=("cifar10",))})')
+    found = _scan(path, "01")
+    assert any(words in f for f in found), found
+    assert all(f.startswith("conv1, conv2, conv3 (variant 'v')") for f in found), found
+
+
+def test_the_scan_leaves_own_loops_and_other_layers_alone(tmp_path):
+    path = _notebook(tmp_path, "01", HEAD + textwrap.dedent("""
+        @njit
+        def conv(x, w, b, out, pad, stride):
+            for n in range(out.shape[0]):
+                out[n] = np.sum(x[n]) * 0.0 + b[0]  # numpy's elementwise routines are fine
+
+        def fc(x, w, b, out):
+            out[...] = x @ w.T + b  # not the timed conv: allowed
+        """), 'VARIANTS = lk.variants("01", {"v": lk.Variant({"conv": conv, "fc": fc}, target="cpu")})')
+    assert _scan(path, "01") == []
+
+
+@pytest.mark.parametrize("stage", ["01", "02", "03", "04"])
+def test_shipped_solutions_pass_the_scan(stage):
+    """No false positives: every solution's timed conv (and the given code it uses) passes."""
+    path = REPO / "solutions" / STAGES[stage].notebook
+    code = ownership.Code(stage, {n: s.notebook for n, s in STAGES.items()})
+    ns = ownership.load_cells(path, code.own, code.trees)
+    timed = list(ns["VARIANTS"])[-1]
+    assert ownership.scan(ownership.conv_roots(ns["VARIANTS"][timed]), code, ownership.Library()) == []
+
+
+def test_the_trace_records_library_calls_and_whose_kernels_ran(tmp_path):
+    code = ownership.Code("04", {n: s.notebook for n, s in STAGES.items()})
+    lib = ownership.Library()
+    ns = {}
+    tracer = ownership.Tracer(code, lib, [ns])
+
+    def sneaky(x):
+        return getattr(np, "ein" + "sum")("ij->", x)  # a name no scan sees
+
+    original = np.einsum
+    rec = tracer.call(sneaky, (np.ones((2, 2)),))
+    assert rec["library"] == ["numpy.einsum"] and rec["launches"] == {}
+    assert np.einsum is original  # put back afterwards
+    rec = tracer.call(lambda: reference.conv2d(np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 3, 3), np.float32)),
+                      ())
+    assert rec["library"][0] == "labkit.reference.conv2d"
+    assert tracer.call(lambda: np.zeros(3).sum(), ())["library"] == []
+
+
+def test_the_snapshot_names_what_changed():
+    mod = types.ModuleType("labkit_fake")
+    mod.f = len
+    pkg = types.ModuleType("labkit_fakepkg")
+    pkg.__path__ = []
+    snap = Snapshot([(mod, True), (pkg, False)])
+    assert snap.changes() == []
+    mod.f = max
+    mod.extra = 1
+    pkg.sub = types.ModuleType("labkit_fakepkg.sub")  # importing a submodule is no patch
+    pkg.g = 2
+    mod.__warningregistry__ = {}
+    assert sorted(snap.changes()) == ["labkit_fake.extra (added)", "labkit_fake.f", "labkit_fakepkg.g (added)"]
+    snap.restore()
+    assert mod.f is len and not hasattr(mod, "extra") and snap.changes() == ["labkit_fakepkg.g (added)"]
+
+
+def _case(layer_name: str, batch: int, seed: int = 0) -> tuple[dict, object]:
+    rng = np.random.default_rng(seed)
+    case = check.layer_case("cifar10", layer_name, batch, rng, target="cpu")
+    c = {"variant": "v", "net_name": "cifar10", "name": layer_name, "batch": batch, "expected": case.expected,
+         "layer": case.layer, "x": case.x, "weights": case.weights}
+    return c, case
+
+
+@pytest.mark.parametrize("mistake, words", [
+    ("bias", "without the bias"),
+    ("transposed", "filter transposed"),
+    ("halo", "off by one row (+1)"),
+    ("float16", "reduced precision"),
+    ("image0", "only image 0 of the 3"),
+])
+def test_hints_name_the_mistake(mistake, words):
+    c, case = _case("conv1", 3)
+    layer, x, w = case.layer, case.x, case.weights
+    wt, b = w["conv1.weight"], w["conv1.bias"]
+    if mistake == "bias":
+        got = reference.conv2d(x, wt, None, layer.pad, layer.stride, "float64")
+    elif mistake == "transposed":
+        got = reference.conv2d(x, wt.transpose(0, 1, 3, 2), b, layer.pad, layer.stride, "float64")
+    elif mistake == "halo":  # r = i * stride + p - pad + 1, zero outside the image
+        xp = np.pad(x, ((0, 0), (0, 0), (layer.pad - 1, layer.pad + 1), (layer.pad, layer.pad)))
+        got = reference.conv2d(xp, wt, b, 0, layer.stride, "float64")[:, :, :c["expected"].shape[2]]
+    elif mistake == "float16":
+        got = reference.conv2d(x.astype(np.float16).astype(np.float32), wt.astype(np.float16).astype(np.float32), b,
+                               layer.pad, layer.stride, "float64")
+    else:
+        got = c["expected"].copy()
+        got[1:] = np.nan
+    got = got.astype(np.float32)
+    res = check.compare("conv1", got, c["expected"])
+    assert not res.passed
+    assert words in hints.explain(c, got, res, {}, check.DEFAULT_TOL)
+
+
+def test_hint_for_a_cached_result():
+    c, _ = _case("relu1", 1)
+    got = np.zeros_like(c["expected"])
+    res = check.compare("relu1", got, c["expected"])
+    seen = {("v", "cifar10", "relu1", 1): [hints.fingerprint(got)]}
+    assert "cached" in hints.explain(c, got, res, seen, check.DEFAULT_TOL)
+
+
+def test_seeds_are_secret_fresh_and_per_job():
+    a, b = run.fresh_seed(), run.fresh_seed()
+    assert a != b and a >= 0
+    s = grading.job_seed(123, "ada", "04")
+    assert s == grading.job_seed(123, "ada", "04") != grading.job_seed(124, "ada", "04")
+    assert s != grading.job_seed(123, "ada", "01") and s != grading.job_seed(123, "ben", "04")
+
+
+def _row(student, stage, **kw):
+    row = {"student": student, "stage": stage, "status": "pass", "passed": True, "score": 80.0, "max_score": 80,
+           "correctness_points": 50.0, "accuracy_points": 0.0, "op_time_points": 30.0, "op_time_s": 0.5,
+           "reference_op_time_s": 0.5, "ratio": 1.0, "message": "all checks pass [seed 5]", "seconds": 3.0,
+           "max_points": {"correctness": 50, "accuracy": 0, "op_time": 30}, "details": {}}
+    row.update(kw)
+    return row
+
+
+def test_gradescope_results_and_merging(tmp_path):
+    meta = {"stages": ["01"], "device": "CUDA simulator (CPU)", "date": "d", "seed": 1, "single_submission": False,
+            "op_time": {"01": "measured"}, "memory_guard": "", "environment": {"device": "CUDA simulator (CPU)"}}
+    report = {"meta": meta, "rows": [_row("ada", "01"), _row("ben", "01", status="fail", passed=False, score=0.0,
+                                                             correctness_points=0.0, op_time_points=0.0,
+                                                             op_time_s=None, message="conv1: FAIL (x) [seed 77]")]}
+    grading.write_reports(tmp_path, report)
+    ada = json.loads((tmp_path / "gradescope" / "ada" / "results.json").read_text())
+    assert ada["score"] == 80 and [t["max_score"] for t in ada["tests"]] == [50, 30]
+    assert ada["leaderboard"] == [{"name": "stage 01 op time (s)", "value": 0.5, "order": "asc"}]
+    ben = json.loads((tmp_path / "gradescope" / "ben" / "results.json").read_text())
+    assert ben["tests"][0]["output"] == "fail: conv1: FAIL (x)" and ben["leaderboard"] == []
+    new = {"meta": {**meta, "seed": 2, "stages": ["01", "02"]},
+           "rows": [_row("ben", "01", seed=9), _row("ben", "02"), _row("cy", "01")]}
+    merged = reports.merge_reports(tmp_path / "grades.json", new)
+    assert [(r["student"], r["stage"]) for r in merged["rows"]] == [("ada", "01"), ("ben", "01"), ("ben", "02"),
+                                                                      ("cy", "01")]
+    assert merged["rows"][1]["seed"] == 9 and merged["meta"]["stages"] == ["01", "02"]
+    assert merged["meta"]["merge"]["replaced"] == 1 and merged["meta"]["merge"]["added"] == 2
+    assert [r["seed"] for r in merged["meta"]["runs"]] == [1, 2]
+    assert "replaced 1 row and added 2" in reports.merge_line(merged)
+
+
+def test_compare_reports_sets_op_times_against_the_spread():
+    spread = {"student": {"min": 0.4, "median": 0.5, "max": 0.6, "runs": 3}}
+    a = {"rows": [_row("ada", "01", details={"op_time_spread": spread})]}
+    b = {"rows": [_row("ada", "01", op_time_s=0.55, details={"op_time_spread": spread})]}
+    out = grading.compare_reports(a, b)
+    assert out["differences"] == [] and out["op_times"][0]["within"]
+    b["rows"][0]["status"] = "fail"
+    assert grading.compare_reports(a, b)["differences"] == ["ada 01: status 'pass' != 'fail'"]

@@ -1,0 +1,429 @@
+"""A class of wrong stage-04 submissions, each made from the kit's solution by editing its kernel cells, with what
+the self-check and the grader should say about each.
+
+    python tests/wrong_submissions.py --write DIR      # the class: DIR/<kind>/notebooks/04_data_transfer_padding.ipynb
+    python tests/wrong_submissions.py --table          # grade it (simulator) and print the Markdown table of
+                                                       # docs/grading.md: kind, self-check line, grader status
+    python tests/wrong_submissions.py --selfcheck KIND [KIND ...] --json OUT   # the self-check lines only
+
+``tests/test_grade_wrong.py`` grades the whole class in one run and asserts every status and message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTION = REPO / "solutions" / "04_data_transfer_padding.ipynb"
+NB = SOLUTION.name
+STAGE = "04"
+TIMED = "batched_padded"
+# kernel cells of the stage-04 solution, in order
+IMPORTS, PAD_CELL, CONV_CELL, VARIANTS_CELL = range(4)
+
+# graded on the simulator: only the timed variant (the wrong kinds all change its conv), a short time limit
+RUBRIC = """
+[limits]
+time_s = 240
+sim_time_s = 240
+memory_mb = 6144
+
+[stage."04"]
+variants = ["batched_padded"]
+"""
+
+LAUNCH = "lk.gpu.launch(conv_padded_kernel, out.size, xp, w, b, out, stride)"
+PAD_ONCE = '''    xp = x
+    if pad:
+        xp = lk.gpu.buffer("padded", (N, C, H + 2 * pad, W + 2 * pad))
+        lk.gpu.launch(pad_kernel, xp.size, x, xp, pad)
+'''
+
+
+def _replace(cells, index: int, old: str, new: str) -> None:
+    src = cells[index].source
+    assert old in src, f"the stage-04 solution's kernel cell {index} no longer contains {old!r}"
+    cells[index].source = src.replace(old, new, 1)
+
+
+def _append(cells, index: int, code: str) -> None:
+    cells[index].source += "\n\n" + code.strip("\n") + "\n"
+
+
+# ------------------------------------------------------------------------------------------- the kinds
+
+
+def halo(cells):  # the pad kernel copies the input one row too low
+    _replace(cells, PAD_CELL, "src_r, src_c = r - pad, col - pad", "src_r, src_c = r - pad + 1, col - pad")
+
+
+def unwritten(cells):  # the last output row of every map is never written
+    _replace(cells, CONV_CELL, "        out[n, m, i, j] = acc", "        if i < Ho - 1:\n            out[n, m, i, j] = acc")
+
+
+def batch0(cells):  # threads for one image only: images 1.. of a batch are never written
+    _replace(cells, CONV_CELL, LAUNCH, LAUNCH.replace("out.size,", "out.size // N,"))
+
+
+def transposed(cells):  # the filter read as w[m, c, q, p]
+    _replace(cells, CONV_CELL, "* w[m, c, p, q]", "* w[m, c, q, p]")
+
+
+def no_bias(cells):
+    _replace(cells, CONV_CELL, "        acc = b[m]\n", "        acc = 0.0\n")
+
+
+def channel_race(cells):  # one thread per (output, input channel), plain += into out (tests/buggy_kernels.py)
+    _append(cells, CONV_CELL, '''
+@cuda.jit
+def zero_kernel(out):
+    t = cuda.grid(1)
+    if t < out.size:
+        out[t] = 0.0
+
+
+@cuda.jit
+def conv_channel_kernel(xp, w, b, out, stride):
+    C = xp.shape[1]
+    M, _, K, _ = w.shape
+    N, _, Ho, Wo = out.shape
+    t = cuda.grid(1)
+    if t < N * M * Ho * Wo * C:
+        c, e = t % C, t // C
+        j, i, m, n = e % Wo, (e // Wo) % Ho, (e // (Wo * Ho)) % M, e // (Wo * Ho * M)
+        acc = b[m] if c == 0 else 0.0 * b[m]
+        for p in range(K):
+            for q in range(K):
+                acc += xp[n, c, i * stride + p, j * stride + q] * w[m, c, p, q]
+        out[n, m, i, j] += acc
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    N, C, H, W = x.shape
+''' + PAD_ONCE + '''    lk.gpu.launch(zero_kernel, out.size, lk.gpu.flat(out))
+    lk.gpu.launch(conv_channel_kernel, out.size * C, xp, w, b, out, stride)
+''')
+
+
+def out_of_bounds(cells):  # no guard: the spare threads of the last block read past the end
+    _replace(cells, CONV_CELL, "    if t < N * M * Ho * Wo:\n", "    if True:\n")
+
+
+def grid(cells):  # four images per block row, grid y = max(N // 4, 1) (tests/buggy_kernels.py)
+    _append(cells, CONV_CELL, '''
+@cuda.jit
+def conv_four_images_kernel(xp, w, b, out, stride):
+    C = xp.shape[1]
+    M, _, K, _ = w.shape
+    N, _, Ho, Wo = out.shape
+    e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if e < M * Ho * Wo:
+        j, i, m = e % Wo, (e // Wo) % Ho, e // (Wo * Ho)
+        for k in range(4):
+            n = cuda.blockIdx.y * 4 + k
+            if n < N:
+                acc = b[m]
+                for c in range(C):
+                    for p in range(K):
+                        for q in range(K):
+                            acc += xp[n, c, i * stride + p, j * stride + q] * w[m, c, p, q]
+                out[n, m, i, j] = acc
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    N, C, H, W = x.shape
+''' + PAD_ONCE + '''    M, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
+    lk.gpu.launch_grid(conv_four_images_kernel, (lk.gpu.blocks(M * Ho * Wo), max(N // 4, 1)), lk.gpu.TPB,
+                       xp, w, b, out, stride)
+''')
+
+
+def cached(cells):  # computes once per shape, then hands back that first result
+    _append(cells, CONV_CELL, '''
+_conv_once = conv_padded
+_FIRST = {}
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    key = (tuple(out.shape), pad, stride)
+    if key in _FIRST:
+        lk.gpu.to_device(_FIRST[key], to=out)
+        return
+    _conv_once(x, w, b, out, pad, stride)
+    _FIRST[key] = lk.gpu.as_host(out).copy()
+''')
+
+
+def nhwc(cells):  # the right values, in NHWC order, in the NCHW out
+    _append(cells, CONV_CELL, '''
+@cuda.jit
+def conv_nhwc_kernel(xp, w, b, flat_out, N, M, Ho, Wo, stride):
+    C = xp.shape[1]
+    K = w.shape[2]
+    t = cuda.grid(1)
+    if t < N * M * Ho * Wo:
+        j = t % Wo
+        i = (t // Wo) % Ho
+        m = (t // (Wo * Ho)) % M
+        n = t // (Wo * Ho * M)
+        acc = b[m]
+        for c in range(C):
+            for p in range(K):
+                for q in range(K):
+                    acc += xp[n, c, i * stride + p, j * stride + q] * w[m, c, p, q]
+        flat_out[((n * Ho + i) * Wo + j) * M + m] = acc
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    N, C, H, W = x.shape
+''' + PAD_ONCE + '''    M, Ho, Wo = out.shape[1], out.shape[2], out.shape[3]
+    lk.gpu.launch(conv_nhwc_kernel, out.size, xp, w, b, lk.gpu.flat(out), N, M, Ho, Wo, stride)
+''')
+
+
+def float64_elsewhere(cells):  # computes in float64, into a buffer of its own: out is never written
+    _append(cells, CONV_CELL, '''
+@cuda.jit
+def conv_padded64_kernel(xp, w, b, res, stride):
+    C = xp.shape[1]
+    M, _, K, _ = w.shape
+    N, _, Ho, Wo = res.shape
+    t = cuda.grid(1)
+    if t < N * M * Ho * Wo:
+        j = t % Wo
+        i = (t // Wo) % Ho
+        m = (t // (Wo * Ho)) % M
+        n = t // (Wo * Ho * M)
+        acc = 1.0 * b[m]
+        for c in range(C):
+            for p in range(K):
+                for q in range(K):
+                    acc += 1.0 * xp[n, c, i * stride + p, j * stride + q] * w[m, c, p, q]
+        res[n, m, i, j] = acc
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    N, C, H, W = x.shape
+''' + PAD_ONCE + '''    res = lk.gpu.buffer("result64", out.shape, np.float64)
+    lk.gpu.launch(conv_padded64_kernel, out.size, xp, w, b, res, stride)
+''')
+
+
+def float16(cells):  # inputs and weights rounded to float16 before they are multiplied
+    _replace(cells, CONV_CELL, "acc += xp[n, c, i * stride + p, j * stride + q] * w[m, c, p, q]",
+             "acc += types.float16(xp[n, c, i * stride + p, j * stride + q]) * types.float16(w[m, c, p, q])")
+    cells[CONV_CELL].source = "from numba import types\n\n" + cells[CONV_CELL].source
+
+
+def library(cells):  # the timed conv computes with labkit's numpy reference
+    _append(cells, CONV_CELL, '''
+def conv_padded(x, w, b, out, pad, stride):
+    y = lk.reference.conv2d(lk.gpu.as_host(x), lk.gpu.as_host(w), lk.gpu.as_host(b), pad, stride)
+    lk.gpu.to_device(y, to=out)
+''')
+
+
+def library_numpy(cells):  # ... with numpy: a window view and an einsum
+    _append(cells, CONV_CELL, '''
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    xh = np.pad(lk.gpu.as_host(x), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = sliding_window_view(xh, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
+    y = np.einsum("nchwpq,mcpq->nmhw", win, lk.gpu.as_host(w)) + lk.gpu.as_host(b)[None, :, None, None]
+    lk.gpu.to_device(np.ascontiguousarray(y, dtype=np.float32), to=out)
+''')
+
+
+def library_hidden(cells):  # ... with numpy, looked up by a name built at run time: no scan can see it
+    _append(cells, CONV_CELL, '''
+def conv_padded(x, w, b, out, pad, stride):
+    xh = np.pad(lk.gpu.as_host(x), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    windows = getattr(np.lib.stride_tricks, "sliding" + "_window_view")
+    win = windows(xh, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
+    y = getattr(np, "ein" + "sum")("nchwpq,mcpq->nmhw", win, lk.gpu.as_host(w)) + lk.gpu.as_host(b)[None, :, None, None]
+    lk.gpu.to_device(np.ascontiguousarray(y, dtype=np.float32), to=out)
+''')
+
+
+def timer(cells):  # the right kernels, and every clock the grader could use made to read zero
+    _append(cells, VARIANTS_CELL, '''
+import time as _time
+
+import labkit.engine
+import labkit.timing
+
+_time.perf_counter = lambda: 0.0
+labkit.timing.Timer = None
+labkit.engine.time_passes = lambda net, variant, prepared, repeat, **k: (
+    None, [{n: 1e-9 for n in net.layer_names} for _ in range(repeat)])
+_main = __import__("__main__")
+_main._perf_counter = lambda: 0.0  # the grade worker's own clock
+''')
+
+
+@dataclasses.dataclass
+class Kind:
+    edit: Callable | None
+    what: str  # the mistake, in the table
+    status: str  # what the grader must say
+    words: tuple[str, ...]  # ... in its message
+    selfcheck_fails: bool | None  # the self-check line FAILs (None: not asserted, it depends on shapes)
+
+
+KINDS: dict[str, Kind] = {
+    "correct": Kind(None, "the kit's solution", "pass", ("all checks pass",), False),
+    "halo": Kind(halo, "halo off by one (pad kernel copies one row too low)", "fail",
+                 ("conv1: FAIL", "off by one row"), True),
+    "unwritten": Kind(unwritten, "last output row never written", "fail", ("unwritten (still NaN)",), True),
+    "batch0": Kind(batch0, "only image 0 of a batch written", "fail", ("only image 0",), True),
+    "transposed": Kind(transposed, "filter transposed (w[m, c, q, p])", "fail", ("filter transposed",), True),
+    "no_bias": Kind(no_bias, "bias never added", "fail", ("without the bias",), True),
+    "channel_race": Kind(channel_race, "one thread per (output, input channel), plain += into out", "fail",
+                         ("data race", "write conflict", "out["), True),
+    "out_of_bounds": Kind(out_of_bounds, "no thread guard: spare threads read past the end", "fail",
+                          ("out of bounds",), True),
+    "grid": Kind(grid, "grid y = max(N // 4, 1), four images per block row", "fail",
+                 ("batch size 5", "only images 0 to 3"), True),
+    "cached": Kind(cached, "first result per shape cached and handed back", "fail", ("cached",), None),
+    "nhwc": Kind(nhwc, "right values written in NHWC order", "fail", ("NHWC",), True),
+    "float64_elsewhere": Kind(float64_elsewhere, "float64 result in a buffer of its own, out never written",
+                              "fail", ("nothing was written into out", "kernel launch"), True),
+    "float16": Kind(float16, "inputs and weights rounded to float16", "fail", ("reduced precision",), True),
+    "library": Kind(library, "timed conv computes with labkit.reference", "forbidden",
+                    ("labkit.reference.conv2d", "own kernels"), False),
+    "library_numpy": Kind(library_numpy, "timed conv computes with numpy (sliding_window_view + einsum)", "forbidden",
+                          ("numpy.einsum", "own kernels"), False),
+    "library_hidden": Kind(library_hidden, "the same, numpy looked up by names built at run time", "forbidden",
+                           ("numpy.einsum", "own kernels"), False),
+    "timer": Kind(timer, "patches time.perf_counter, labkit.timing, labkit.engine and the worker's clock", "tampered",
+                  ("time.perf_counter", "labkit.engine.time_passes", "stage scored 0"), False),
+}
+
+
+def write(root: Path, kinds=None) -> dict[str, Path]:
+    """``root/<kind>/notebooks/04_data_transfer_padding.ipynb`` for each kind; their paths."""
+    import nbformat
+
+    out = {}
+    for name in kinds or KINDS:
+        nb = nbformat.read(SOLUTION, as_version=4)
+        cells = [c for c in nb.cells if c.cell_type == "code" and "kernel" in c.metadata.get("tags", [])]
+        if KINDS[name].edit is not None:
+            KINDS[name].edit(cells)
+        folder = root / name / "notebooks"
+        folder.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, folder / NB)
+        out[name] = folder / NB
+    return out
+
+
+# ------------------------------------------------------------------------------------------- self-checks
+
+
+def selfcheck(notebook: Path) -> tuple[str, list[str]]:
+    """The line a student sees from ``labkit.check.check_variant`` on the timed variant (the first FAIL, or how
+    many checks passed), and every line. Run in a process of its own (the timer kind patches the clock)."""
+    from labkit import check, nbcells
+
+    variant = nbcells.load(notebook)["VARIANTS"][TIMED]
+    results = check.check_variant(variant, net="cifar10", quiet=True)
+    lines = [str(r) for r in results]
+    bad = next((line for line in lines if ": FAIL" in line), None)
+    return bad or f"PASS (all {len(lines)} checks of {TIMED}, cifar10)", lines
+
+
+def selfcheck_all(root: Path, kinds: list[str]) -> dict[str, str]:
+    """Each kind's self-check line, each in a fresh process (on the simulator)."""
+    out = {}
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    for name in kinds:
+        nb = root / name / "notebooks" / NB
+        proc = subprocess.run([sys.executable, __file__, "--selfcheck-one", str(nb)], capture_output=True, text=True,
+                              env=env, timeout=900)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SELFCHECK ")]
+        out[name] = lines[-1][len("SELFCHECK "):] if lines else f"(self-check crashed: {proc.stderr[-300:]})"
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the table
+
+
+def grade_class(root: Path, out: Path, seed: int = 2024, jobs: int = 2) -> dict:
+    rubric = root / "rubric.toml"
+    rubric.write_text(RUBRIC)
+    from labkit import grading
+
+    return grading.grade(root / "class", stages=[STAGE], rubric=rubric, out=out, jobs=jobs, seed=seed,
+                         progress=False, command=f"labkit grade class --stages {STAGE} --rubric rubric.toml "
+                                                 f"--jobs {jobs} --seed {seed}")
+
+
+def _cell(text: str, width: int = 150) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def table(selfchecks: dict[str, str], rows: dict[str, dict]) -> str:
+    lines = ["| kind | the mistake | self-check line (`check_variant`, simulator) | grader status | grader's message "
+             "(start) |", "|---|---|---|---|---|"]
+    for name, kind in KINDS.items():
+        r = rows[name]
+        lines.append(f"| `{name}` | {kind.what} | {_cell(selfchecks.get(name, ''))} | **{r['status']}** "
+                     f"{r['score']:g}/{r['max_score']:g} | {_cell(r['message'], 170)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", type=Path)
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--selfcheck", nargs="+")
+    ap.add_argument("--selfcheck-one", type=Path)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--seed", type=int, default=2024)
+    args = ap.parse_args(argv)
+    if args.selfcheck_one:
+        line, _ = selfcheck(args.selfcheck_one)
+        print("SELFCHECK " + line)
+        return 0
+    if args.write:
+        write(args.write)
+        return 0
+    if args.selfcheck:
+        with tempfile.TemporaryDirectory() as tmp:
+            write(Path(tmp), args.selfcheck)
+            result = selfcheck_all(Path(tmp), args.selfcheck)
+        text = json.dumps(result, indent=1)
+        if args.json:
+            args.json.write_text(text)
+        else:
+            print(text)
+        return 0
+    if args.table:
+        os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            write(root / "class")
+            report = grade_class(root, root / "out", seed=args.seed)
+            rows = {r["student"]: r for r in report["rows"]}
+            checks = selfcheck_all(root / "class", list(KINDS))
+        print(table(checks, rows))
+        print(f"\n(computed by `python tests/wrong_submissions.py --table`: {report['meta']['date']}, "
+              f"{report['meta']['device']}, seed {report['meta']['seed']}, graded in {report['meta']['seconds']} s)")
+        return 0
+    ap.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
