@@ -23,6 +23,10 @@ from .protocol import Answer, Kind, read_array
 from .scoring import JobOutcome
 
 
+#: how far a timed pass's class probability may be from the float64 reference's (float32 sums differ by ~1e-6)
+PROBABILITY_TOL = 1e-3
+
+
 class Job:
     """One (student, stage): build inputs, run the child, judge what comes back."""
 
@@ -211,21 +215,30 @@ class Job:
         return runs
 
     def _predictions(self, payload: bytes, runs: list | None) -> list | None:
-        """The predictions of each timed pass (pass k on the images rotated by k), if they all came back."""
+        """The class probabilities of each timed pass (pass k on the images rotated by k), if they all came back."""
         if not runs:
             return None
-        preds = [read_array(payload, f"pred{k}") for k in range(len(runs))]
+        probs = [read_array(payload, f"prob{k}") for k in range(len(runs))]
         images = self.refs.get(*self.plan.timing_run())[0].images
         self.outcome.timed_images = images
-        if any(p is None or p.shape != (images,) for p in preds):
-            self.outcome.protocol_error = "timing results without each pass's predictions"
+        if any(p is None or p.ndim != 2 or p.shape[0] != images or not np.isfinite(p).all() for p in probs):
+            self.outcome.protocol_error = "timing results without each pass's class probabilities"
             return None
-        return preds
+        return probs
 
-    def mismatches(self, preds: list) -> list[int]:
-        """Per timed pass: predictions that differ from the float64 reference's on the same (rotated) images."""
+    def mismatches(self, probs: list) -> list[int]:
+        """Per timed pass: images whose prediction differs from the float64 reference's on the same (rotated)
+        images, or whose probabilities are off by more than PROBABILITY_TOL (a kept result with the same argmax)."""
         _, ref_pred, _ = self.refs.get(*self.plan.timing_run())
-        return [int((p != np.roll(ref_pred, -k)).sum()) for k, p in enumerate(preds)]
+        ref = self.refs.probabilities(*self.plan.timing_run())
+        out = []
+        for k, p in enumerate(probs):
+            r = np.roll(ref, -k, axis=0)
+            off = (p.argmax(axis=1) != np.roll(ref_pred, -k)) if p.shape == r.shape else np.ones(len(p), bool)
+            if p.shape == r.shape:
+                off |= np.abs(p - r).max(axis=1) > PROBABILITY_TOL
+            out.append(int(off.sum()))
+        return out
 
     def handle(self, kind: Kind, meta: dict, payload: bytes, answer) -> bool:
         """Judge one frame; True once nothing more needs to be heard (done, or a broken protocol)."""

@@ -141,6 +141,7 @@ class References:
 
     def __init__(self):
         self._cache: dict = {}
+        self._probabilities: dict = {}
         self._weights: dict = {}
         self.weight_sources: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -166,10 +167,17 @@ class References:
             if key not in self._cache:
                 net = get_net(net_name)
                 wl = workload(net, images, target=target, weights=self.weights(net), tile=True, quiet=True)
-                pred = reference.predict(reference.forward(wl.net, wl.weights, wl.x))
+                probs = reference.forward(wl.net, wl.weights, wl.x)
+                pred = reference.predict(probs)
                 acc = None if wl.labels is None else reference.accuracy(pred, wl.labels)
                 self._cache[key] = (wl, pred, acc)
+                self._probabilities[key] = np.asarray(probs, np.float64)
             return self._cache[key]
+
+    def probabilities(self, net_name: str, images: int, target: str) -> np.ndarray:
+        """The reference's class probabilities on that workload (float64), for the timed passes' comparison."""
+        self.get(net_name, images, target)
+        return self._probabilities[(net_name, images, target)]
 
     def prepare(self, plan: StagePlan) -> None:
         """Compute what the stage's jobs need before any child starts, and whether accuracy can be scored."""

@@ -224,7 +224,7 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
     elif bad_pass is not None:
         out["status"] = "fail"
         k, m = bad_pass
-        msg = [f"timed pass {k + 1} (images rotated by {k}) predicted differently from the reference on {m} of "
+        msg = [f"timed pass {k + 1} (images rotated by {k}) predicted differently from the reference (class or probabilities) on {m} of "
                f"{images} images (at most {timing_allowance(o, images)} allowed): a result kept from an earlier "
                f"pass, or a race? op time not scored"]
     early = _ended_early(o, plan)

@@ -239,12 +239,14 @@ def _timed_passes(net, variant, x, w, timing: dict, make_clock, restore) -> tupl
         restore()
         probs, seconds = engine.time_passes(net, variant, shifted, 1, warmup=False, clock_factory=make_clock)
         runs += seconds
-        predictions.append(np.asarray(probs).argmax(axis=1).astype(np.int32))
+        predictions.append(np.asarray(probs, np.float32))
     return runs, predictions
 
 
-def _pass_arrays(predictions: list) -> dict:
-    return {f"pred{k}": p for k, p in enumerate(predictions)}
+def _pass_arrays(probabilities: list) -> dict:
+    """Each timed pass's class probabilities: their argmax are its predictions, and a result kept from another
+    pass shows in them even where the predictions happen to agree (synthetic images all of one class)."""
+    return {f"prob{k}": p for k, p in enumerate(probabilities)}
 
 
 # ------------------------------------------------------------------------------------------------- the job
