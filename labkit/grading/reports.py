@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 CSV_FIELDS = ["student", "stage", "status", "passed", "score", "max_score", "correctness_points", "accuracy_points",
-              "op_time_points", "technique_points", "error", "accuracy", "reference_accuracy", "op_time_s", "reference_op_time_s",
-              "ratio", "message", "notebook", "seed", "seconds"]
+              "op_time_points", "technique_points", "error", "accuracy", "reference_accuracy", "op_time_s",
+              "reference_op_time_s", "ratio", "message", "notebook", "seed", "seconds"]
 
 
 def _csv_value(v):
@@ -203,8 +203,8 @@ def summary_table(report: dict) -> str:
 # ------------------------------------------------------------------------------------------- comparing
 
 #: what two runs of the same class with the same seed must agree on (op time is measured again: noise)
-SAME = ("status", "passed", "correctness_points", "accuracy_points", "technique_points", "max_score", "accuracy", "reference_accuracy",
-        "seed")
+SAME = ("status", "passed", "correctness_points", "accuracy_points", "technique_points", "max_score", "accuracy",
+        "reference_accuracy", "seed")
 _VERDICT = re.compile(r"^(\[[^\]]*\] [^:]+): (PASS|FAIL)")
 
 

@@ -90,7 +90,8 @@ def accuracy_passed(o: JobOutcome) -> bool:
 def empty_row(student: str, stage: Stage, plan: StagePlan) -> dict:
     return {"student": student, "stage": stage.number, "status": "", "passed": False, "score": 0.0,
             "max_score": plan.max_score(), "correctness_points": 0.0, "accuracy_points": 0.0,
-            "op_time_points": 0.0, "technique_points": 0.0, "error": None, "accuracy": None, "reference_accuracy": None, "op_time_s": None,
+            "op_time_points": 0.0, "technique_points": 0.0, "error": None, "accuracy": None,
+            "reference_accuracy": None, "op_time_s": None,
             "reference_op_time_s": None, "ratio": None, "message": "", "notebook": "", "seed": None,
             "seconds": 0.0, "device": "", "details": {}, "max_points": plan.max_points()}
 
@@ -224,7 +225,8 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
     elif bad_pass is not None:
         out["status"] = "fail"
         k, m = bad_pass
-        msg = [f"timed pass {k + 1} (images rotated by {k}) predicted differently from the reference (class or probabilities) on {m} of "
+        msg = [f"timed pass {k + 1} (images rotated by {k}) predicted differently from the reference (class or "
+               f"probabilities) on {m} of "
                f"{images} images (at most {timing_allowance(o, images)} allowed): a result kept from an earlier "
                f"pass, or a race? op time not scored"]
     early = _ended_early(o, plan)
