@@ -8,7 +8,7 @@ Weights files are read and written by ``labkit.weights_io``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -179,20 +179,25 @@ CIFAR10 = Net(
     classes=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
 )
 
-FASHION = Net(
-    name="fashion",
-    input_shape=(1, 70, 70),
-    layers=(
-        Layer("conv1", "conv", out=12, kernel=5, pad=0, bias=False),
+def _ece408_layers(conv1: int, conv2: int, fc1: int) -> tuple[Layer, ...]:
+    """The ECE408 project's layer stack (conv, tanh, pool, conv, fc, tanh, fc), with its channel and feature counts."""
+    return (
+        Layer("conv1", "conv", out=conv1, kernel=5, pad=0, bias=False),
         Layer("tanh1", "tanh"),
         Layer("pool1", "pool", kernel=2, stride=2),
-        Layer("conv2", "conv", out=24, kernel=5, pad=0, bias=False),
+        Layer("conv2", "conv", out=conv2, kernel=5, pad=0, bias=False),
         Layer("flatten", "flatten"),
-        Layer("fc1", "fc", out=160),
+        Layer("fc1", "fc", out=fc1),
         Layer("tanh2", "tanh"),
         Layer("fc2", "fc", out=10),
         Layer("softmax", "softmax"),
-    ),
+    )
+
+
+FASHION = Net(
+    name="fashion",
+    input_shape=(1, 70, 70),
+    layers=_ece408_layers(12, 24, 160),
     dataset="fashion",
     report="ece408",
     workloads=(100, 1000, 10000),
@@ -201,29 +206,11 @@ FASHION = Net(
              "Ankle boot"),
 )
 
-# The ECE408 Spring 2019 project's own trained model (MXNet, layers new0/new1/fullyconnected0/fullyconnected1).
-# The kit ships no weights for it (they are the course's): labkit.weights_io.load_mxnet_params imports its .params.
-ECE408 = Net(
-    name="ece408",
-    input_shape=(1, 48, 48),
-    layers=(
-        Layer("conv1", "conv", out=6, kernel=5, pad=0, bias=False),
-        Layer("tanh1", "tanh"),
-        Layer("pool1", "pool", kernel=2, stride=2),
-        Layer("conv2", "conv", out=16, kernel=5, pad=0, bias=False),
-        Layer("flatten", "flatten"),
-        Layer("fc1", "fc", out=140),
-        Layer("tanh2", "tanh"),
-        Layer("fc2", "fc", out=10),
-        Layer("softmax", "softmax"),
-    ),
-    dataset="fashion",
-    report="ece408",
-    workloads=(100, 1000, 10000),
-    default_images=10000,
-    classes=FASHION.classes,
-    input_prep="ece408",
-)
+# The ECE408 Spring 2019 project's own trained model (MXNet, layers new0/new1/fullyconnected0/fullyconnected1):
+# Fashion's stack, smaller, on 48x48 inputs. The kit ships no weights for it (they are the course's):
+# labkit.weights_io.load_mxnet_params imports its .params.
+ECE408 = replace(FASHION, name="ece408", input_shape=(1, 48, 48), layers=_ece408_layers(6, 16, 140),
+                 input_prep="ece408")
 
 NETS = {net.name: net for net in (CIFAR10, FASHION, ECE408)}
 

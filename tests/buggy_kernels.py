@@ -1,9 +1,33 @@
-"""Conv kernels with the bugs a course meets, for the checks' and the grader's tests (and for trying them on a GPU).
-Each has the layer convention conv(x, w, b, out, pad, stride) on device arrays."""
+"""Conv kernels for the tests: the right thread-per-output one, and the bugs a course meets (for the checks' and the
+grader's tests, and for trying them on a GPU). Each has the layer convention conv(x, w, b, out, pad, stride) on
+device arrays."""
 
 from numba import cuda, float32
 
 from labkit import gpu
+
+
+@cuda.jit
+def _thread_per_output(x, w, b, out, pad, stride):
+    N, C, H, W = x.shape
+    M, _, K, _ = w.shape
+    Ho, Wo = out.shape[2], out.shape[3]
+    t = cuda.grid(1)
+    if t < out.size:
+        j, i, m, n = t % Wo, (t // Wo) % Ho, (t // (Wo * Ho)) % M, t // (Wo * Ho * M)
+        acc = b[m]
+        for c in range(C):
+            for p in range(K):
+                for q in range(K):
+                    r, col = i * stride + p - pad, j * stride + q - pad
+                    if 0 <= r < H and 0 <= col < W:
+                        acc += x[n, c, r, col] * w[m, c, p, q]
+        out[n, m, i, j] = acc
+
+
+def device_conv(x, w, b, out, pad, stride):
+    """Right: one thread per output element, bounds tested (no padded copy)."""
+    gpu.launch(_thread_per_output, out.size, x, w, b, out, pad, stride)
 
 
 @cuda.jit

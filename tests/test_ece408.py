@@ -20,7 +20,7 @@ from labkit.cli import main
 from labkit.nets import ECE408, FASHION, NETS
 from labkit.weights_io import MXNET_NAMES, NOT_SHIPPED, load_mxnet_params, load_weights, read_mxnet_params
 
-from numba import cuda  # noqa: E402  (after labkit, which makes a late NUMBA_ENABLE_CUDASIM count)
+from buggy_kernels import device_conv  # noqa: E402  (after labkit, which makes a late NUMBA_ENABLE_CUDASIM count)
 
 ON_GPU = device.is_gpu()
 PARAMS = "ece408-model/ece408-sp19-0002.params"
@@ -347,31 +347,6 @@ def test_simulator_shrinks_ece408_to_a_valid_net():
     assert all(small.layer(n).out <= simulator.MAX_CHANNELS for n in small.conv_layers)
     assert [ly.kind for ly in small.layers] == [ly.kind for ly in ECE408.layers]
     assert report.spec_of("ece408-mini").shapes() == small.shapes()
-
-
-@cuda.jit
-def _conv_kernel(x, w, b, out, pad, stride):
-    N, C, H, W = x.shape
-    M, _, K, _ = w.shape
-    Ho, Wo = out.shape[2], out.shape[3]
-    t = cuda.grid(1)
-    if t < out.size:
-        j = t % Wo
-        i = (t // Wo) % Ho
-        m = (t // (Wo * Ho)) % M
-        n = t // (Wo * Ho * M)
-        acc = b[m]
-        for c in range(C):
-            for p in range(K):
-                for q in range(K):
-                    r, col = i * stride + p - pad, j * stride + q - pad
-                    if 0 <= r < H and 0 <= col < W:
-                        acc += x[n, c, r, col] * w[m, c, p, q]
-        out[n, m, i, j] = acc
-
-
-def device_conv(x, w, b, out, pad, stride):
-    gpu.launch(_conv_kernel, out.size, x, w, b, out, pad, stride)
 
 
 def test_whole_net_on_the_device_path():

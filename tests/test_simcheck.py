@@ -9,46 +9,9 @@ from labkit import gpu, simcheck, simulator
 
 from numba import cuda, float32  # noqa: E402  (after labkit)
 
+from buggy_kernels import conv_channel_atomic as conv_atomic, conv_channel_race as conv_race  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not simulator.active(), reason="the instrumentation watches the CUDA simulator")
-
-
-@cuda.jit
-def zero(out):
-    t = cuda.grid(1)
-    if t < out.size:
-        out[t] = 0.0
-
-
-@cuda.jit
-def channel_partial_sums(x, w, b, out, pad, stride, atomic):
-    """One thread per (output element, input channel), each adding its channel's share into out."""
-    N, C, H, W = x.shape
-    M, _, K, _ = w.shape
-    Ho, Wo = out.shape[2], out.shape[3]
-    t = cuda.grid(1)
-    if t < N * M * Ho * Wo * C:
-        c, e = t % C, t // C
-        j, i, m, n = e % Wo, (e // Wo) % Ho, (e // (Wo * Ho)) % M, e // (Wo * Ho * M)
-        acc = b[m] if c == 0 else float32(0.0)
-        for p in range(K):
-            for q in range(K):
-                r, col = i * stride + p - pad, j * stride + q - pad
-                if 0 <= r < H and 0 <= col < W:
-                    acc += x[n, c, r, col] * w[m, c, p, q]
-        if atomic:
-            cuda.atomic.add(out, (n, m, i, j), acc)
-        else:
-            out[n, m, i, j] += acc
-
-
-def conv_race(x, w, b, out, pad, stride):
-    gpu.launch(zero, out.size, gpu.flat(out))
-    gpu.launch(channel_partial_sums, out.size * x.shape[1], x, w, b, out, pad, stride, False)
-
-
-def conv_atomic(x, w, b, out, pad, stride):
-    gpu.launch(zero, out.size, gpu.flat(out))
-    gpu.launch(channel_partial_sums, out.size * x.shape[1], x, w, b, out, pad, stride, True)
 
 
 @cuda.jit
