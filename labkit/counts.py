@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,8 @@ def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2"
         rows = [count_layer(fn, net, layer, arrays.get(label, "device"), name=label)
                 for label, fn in functions.items()]
     else:
-        names = {label: getattr(fn, "__name__", str(fn)) for label, fn in functions.items()}
+        caller = sys._getframe(1).f_globals  # the notebook's namespace: where the child finds the same names
+        names = {label: _path_of(fn, caller) for label, fn in functions.items()}
         rows = _in_child(stage, names, net, layer, arrays)
     from .nets import get_net
 
@@ -100,6 +102,32 @@ def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2"
     source = "" if simulator.active() else f", counted under the simulator on {_notebook_for(stage).name} as saved"
     print(table(rows, predicted, f"{layer} of {net}, shrunk input {shape}, 1 image{source}"))
     return rows
+
+
+def _path_of(fn, namespace: dict) -> str:
+    """How the child finds ``fn``: the name the notebook bound to it (``conv_tiled_8``), or ``@NN.name`` for given
+    code of stage NN (``s04.conv_padded``: the child loads only the kernel cells, which need not bind ``s04``). A
+    function's own ``__name__`` can differ from both (a closure a factory made)."""
+    from .stages import given_stage
+
+    for name, obj in namespace.items():
+        if obj is fn and not name.startswith("_"):
+            return name
+    for obj in namespace.values():
+        number = given_stage(obj) if isinstance(obj, types.SimpleNamespace) else None
+        for attr, value in vars(obj).items() if number else ():
+            if value is fn:
+                return f"@{number}.{attr}"
+    return getattr(fn, "__name__", str(fn))
+
+
+def _resolve(namespace: dict, path: str):
+    from .stages import from_stage
+
+    if path.startswith("@"):
+        number, attr = path[1:].split(".", 1)
+        return getattr(from_stage(number), attr)
+    return namespace[path]
 
 
 def _in_child(stage: str, functions: dict[str, str], net: str, layer: str, arrays: dict[str, str]) -> list[Counts]:
@@ -124,7 +152,7 @@ def _main() -> int:
     namespace = nbcells.load(job["notebook"])
     rows = []
     for label, fn in job["functions"].items():
-        c = count_layer(namespace[fn], job["net"], job["layer"], job["arrays"].get(label, "device"), name=label)
+        c = count_layer(_resolve(namespace, fn), job["net"], job["layer"], job["arrays"].get(label, "device"), name=label)
         rows.append({"name": c.name, "outputs": c.outputs, "totals": dict(c.totals), "launches": c.launches,
                      "per_thread_max": dict(c.per_thread_max)})
     print(json.dumps(rows))

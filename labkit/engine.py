@@ -131,6 +131,10 @@ def _download(y) -> np.ndarray:
     return y if isinstance(y, np.ndarray) else gpu.to_host(y, name="output")
 
 
+#: NaN elements after a checked layer's output on the device, looked at after the call
+OUT_GUARD = 1024
+
+
 def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dict,
                arrays: str = "host") -> np.ndarray:
     """Call one layer function (or a fused conv group's) the way the engine does, on a NaN-poisoned output; the
@@ -145,8 +149,15 @@ def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dic
     with gpu.poisoned():
         if arrays == "device":
             xd, wd = gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}
-            outd = gpu.to_device(out)
+            # out is the front of a longer NaN buffer: a GPU does not check bounds, so a thread without a guard
+            # writes past the end unseen unless something there is looked at afterwards
+            whole = gpu.to_device(np.full(out.size + OUT_GUARD, np.nan, np.float32))
+            outd = whole[:out.size].reshape(out.shape)
             fn(*arguments(xd, wd, outd))
+            past = np.count_nonzero(~np.isnan(gpu.as_host(whole)[out.size:]))
+            if past:
+                raise IndexError(f"{past} value(s) written out of bounds, past the end of out ({out.size} elements): "
+                                 f"a thread without a guard (if t < out.size)?")
             return gpu.as_host(outd)
         fn(*arguments(x.copy(), {k: v.copy() for k, v in weights.items()}, out))
     return out

@@ -12,6 +12,7 @@ in its intermediates.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .layers import OUT_AT
+from .stages import STUB_MARK
 
 TPB = 128  # threads per block of a 1-D launch: a multiple of the warp size, small enough for any kernel here
 
@@ -104,8 +106,37 @@ def kernel_name(kernel) -> str:
     return getattr(getattr(kernel, "py_func", kernel), "__name__", "kernel")
 
 
+_stub_of: dict = {}
+
+
+def refuse_stub(kernel) -> None:
+    """Raise NotImplementedError for a numba kernel whose source still has the TODO stub. The simulator runs the
+    stub's ``raise``; a GPU compiles it away (kernels report no exceptions), so without this an untouched kernel
+    would run, write nothing, and fail its check as a wrong answer instead of "not implemented"."""
+    py = getattr(kernel, "py_func", None)
+    if py is None:
+        return
+    if py not in _stub_of:
+        try:
+            _stub_of[py] = STUB_MARK in inspect.getsource(py)
+        except (OSError, TypeError):  # no source (built at run time): it runs as it is
+            _stub_of[py] = False
+    if _stub_of[py]:
+        raise NotImplementedError(f"{py.__name__}: {STUB_MARK}")
+
+
+def raw_module(code: str, options: tuple = ()):
+    """``cupy.RawModule(code=code, options=options)``, refused while ``code`` still has the TODO stub."""
+    if STUB_MARK in code:
+        raise NotImplementedError(f"the CUDA C source: {STUB_MARK}")
+    import cupy
+
+    return cupy.RawModule(code=code, options=tuple(options))
+
+
 def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
     """``kernel[grid, block](*args)`` (``shared_bytes`` of dynamic shared memory), counted and recorded."""
+    refuse_stub(kernel)
     config = (grid, block) if not shared_bytes else (grid, block, 0, shared_bytes)
     n_blocks, per_block = math.prod(_dims(grid)), math.prod(_dims(block))
     return _recorded("kernel", kernel_name(kernel), 0, lambda: kernel[config](*args), blocks=n_blocks,

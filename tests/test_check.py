@@ -247,3 +247,14 @@ def test_a_grid_right_only_for_some_batch_sizes_fails_at_an_odd_one():
     odd = check.default_batches("gpu")[-1]  # 5 on the simulator, 17 on a GPU: the first size a grid row misses
     assert not r.passed and "unwritten (still NaN)" in r.detail and f"at batch size {odd}" in r.detail, str(r)
     assert f"first out[{odd // 4 * 4}, " in r.detail, r.detail
+
+
+def test_a_kernel_without_a_guard_fails_even_where_a_gpu_checks_no_bounds():
+    """Fashion's conv1 has 12 x 66 x 66 outputs per image, not a multiple of the block: the last block's spare
+    threads write past the end of out. The simulator raises at the first such index; a GPU writes there unseen,
+    and the check finds the values in the NaN guard after out (labkit.engine.OUT_GUARD)."""
+    from buggy_kernels import conv_no_guard, device_conv
+
+    r = lk.check_layer(conv_no_guard, "fashion", "conv1", arrays="device", quiet=True)
+    assert not r.passed and "out of bounds" in r.detail, str(r)
+    assert lk.check_layer(device_conv, "fashion", "conv1", arrays="device", quiet=True).passed

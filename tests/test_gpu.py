@@ -125,3 +125,26 @@ def test_the_kits_given_kernels_pass_their_checks():
         layer = {"relu": "relu1", "pool": "pool1", "fc": "fc", "softmax": "softmax", "tanh": "tanh1"}[kind]
         net = "fashion" if kind == "tanh" else "cifar10"
         assert lk.check_layer(fn, net, layer, arrays="device", quiet=True).passed
+
+
+@cuda.jit
+def untouched_stub(out):
+    t = cuda.grid(1)
+    if t < out.size:
+        # a kernel the student has not written yet: on a GPU its `raise` would compile away, so the launch layer
+        # must refuse it before it runs; here the stub's line is only a comment, so nothing else would notice
+        pass  # replace this line with your code
+
+
+def test_a_kernel_that_is_still_the_todo_stub_is_not_launched():
+    out = cuda.to_device(np.full(5, 7.0, np.float32))
+    with pytest.raises(NotImplementedError, match="untouched_stub: replace this line with your code"):
+        gpu.launch(untouched_stub, out.size, out)
+    gpu.launch(fill_index, out.size, out)  # a written kernel still runs
+    assert out.copy_to_host().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_cuda_c_source_that_is_still_the_todo_stub_is_not_compiled():
+    source = 'extern "C" __global__ void k(float* out) {\n    return;  // replace this line with your code\n}'
+    with pytest.raises(NotImplementedError, match="the CUDA C source: replace this line with your code"):
+        gpu.raw_module(source)

@@ -2,8 +2,10 @@
 
 Code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes a TODO stub that raises
 NotImplementedError and says roughly how many lines the answer takes; in CUDA C source held in a string, code
-between ``/// BEGIN SOLUTION`` and ``/// END SOLUTION`` becomes a stub that returns before writing anything (the
-self-check then says nothing was written). Outputs are dropped.
+between ``/// BEGIN SOLUTION`` and ``/// END SOLUTION`` becomes a stub that returns before writing anything. Both
+stubs carry ``labkit.stages.STUB_MARK``: the launch layer refuses a kernel (and ``lk.gpu.raw_module`` a source) that
+still has it, so an untouched kernel is "not implemented" on a GPU too, where kernels raise nothing. Outputs are
+dropped.
 
     python tools/make_student.py           # write notebooks/
     python tools/make_student.py --check   # exit 1 if notebooks/ is out of date (the tests do this)
@@ -20,6 +22,9 @@ from pathlib import Path
 import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from labkit.stages import STUB_MARK  # noqa: E402 - the marker the launch layer looks for
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _BEGIN_RE = re.compile(r"^(\s*)(###|///) BEGIN SOLUTION\s*$")
 
@@ -44,10 +49,10 @@ def stub_source(source: str) -> str:
         size = sum(1 for line in lines[i + 1:j] if line.strip() and not line.strip().startswith(comment))
         if mark == "###":
             out.append(f"{indent}# TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
-            out.append(f'{indent}raise NotImplementedError("replace this line with your code")')
+            out.append(f'{indent}raise NotImplementedError("{STUB_MARK}")')
         else:
             out.append(f"{indent}// TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
-            out.append(f"{indent}return;  // replace this line with your code")
+            out.append(f"{indent}return;  // {STUB_MARK}")
         i = j + 1
     return "\n".join(out)
 

@@ -420,7 +420,7 @@ class Tracer:
         for owner in owners:
             for attr, value in list(vars(owner).items()):
                 name = self.lib.name(value)
-                if name is not None:
+                if name is not None and _settable(owner, attr, value):
                     points.append((owner, attr, value, self._wrapper(value, name), True))
         for ns in self.namespaces:
             for attr, value in list(ns.items()):
@@ -450,6 +450,16 @@ class Tracer:
                 else:
                     owner[attr] = original
         return rec
+
+
+def _settable(owner, attr: str, value) -> bool:
+    """Whether a module lets its attribute be replaced: some refuse (torch's config modules raise on any name not
+    in their config), and those cannot be patched, so they are not traced."""
+    try:
+        setattr(owner, attr, value)
+    except Exception:  # noqa: BLE001 - whatever a module's __setattr__ raises, it cannot be patched
+        return False
+    return True
 
 
 def install_launch_hook(tracer_ref: list) -> list[tuple[type, str, object]]:

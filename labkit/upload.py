@@ -1,0 +1,70 @@
+"""End to end from the host: the stored uint8 CIFAR images uploaded and turned into the network's input on the GPU,
+against uploading the float32 input the CPU prepared. At 50000 images the float32 input is 614 MB and the bytes
+154 MB: on a fast GPU the upload takes longer than the whole forward pass, so what crosses the bus matters."""
+
+from __future__ import annotations
+
+from statistics import median
+
+import numpy as np
+from numba import cuda
+
+from . import data, engine, gpu, reference
+from .nets import get_net
+from .stages import Variant
+from .timing import Clock
+from .weights_io import load_weights
+
+
+
+@cuda.jit
+def bytes_to_input(raw, lut, x):
+    t = cuda.grid(1)
+    if t < x.size:
+        x[t] = lut[raw[t]]
+
+
+def stored_bytes(images: int) -> np.ndarray:
+    """``images`` stored CIFAR-10 images (uint8, N x 3 x 32 x 32), the available ones repeated as the workloads
+    tile them; synthetic bytes where no data is found."""
+    try:
+        have = data.load_cifar10().images
+    except data.DataError:
+        have = np.random.default_rng(0).integers(0, 256, (min(images, 1000), 3, 32, 32), dtype=np.uint8)
+    return np.resize(have, (images, *have.shape[1:]))
+
+
+def end_to_end(variant: Variant, images: int = 50000, repeat: int = 5) -> dict:
+    """Median seconds (``Clock("auto")``: CUDA events on a GPU) of upload + forward + download of the class probabilities, from float32 input
+    prepared on the CPU and from the stored bytes converted on the GPU (the same values: ``data.to_input``'s table
+    of byte/255 - 0.5), with the range and the bytes each path uploads; both paths' predictions must agree."""
+    net = get_net("cifar10")
+    raw = stored_bytes(images)
+    x = data.to_input(net, raw)
+    weights = engine.prepare(net, variant, x[:1], load_weights(net)).weights
+    lut = cuda.to_device(data._CIFAR_LUT)
+    flat = cuda.device_array(raw.size, np.float32)
+
+    def from_float():
+        return engine.forward(net, variant, engine.Prepared(gpu.to_device(x, name="input"), weights))
+
+    def from_bytes():
+        rd = gpu.to_device(raw.reshape(-1), name="input bytes")
+        gpu.launch(bytes_to_input, raw.size, rd, lut, flat)
+        return engine.forward(net, variant, engine.Prepared(flat.reshape(x.shape), weights))
+
+    out = {"images": images, "float32_bytes": int(x.nbytes), "uint8_bytes": int(raw.nbytes)}
+    preds = {}
+    for name, fn in (("float32", from_float), ("uint8", from_bytes)):
+        probs = fn()  # warm-up: compiles, allocates the engine's buffers
+        preds[name] = reference.predict(probs)
+        seconds = []
+        for _ in range(repeat):
+            clock = Clock("auto")  # CUDA events on a GPU
+            with clock.section("pass"):
+                fn()
+            seconds.append(clock.seconds()["pass"])
+        out[f"{name}_upload_s"] = median(seconds)
+        out[f"{name}_upload_range"] = (min(seconds), max(seconds))
+    out["predictions_equal"] = bool(np.array_equal(preds["float32"], preds["uint8"]))
+    return out
