@@ -2,25 +2,28 @@
 
 Each variant is checked first (fresh inputs, several batch sizes), then timed on real images (warm-up, then
 the per-layer median of several runs), and its predictions are compared with the numpy reference's on the
-same images. Results go to a ledger (JSON lines) with the device, date and command, a CSV summary, and a plot.
+same images. Results go to a ledger (JSON lines) with the device, date and command, bench.json (with the library
+versions and the device's ceilings), a CSV summary, and plots (ladder, per-layer bars, roofline).
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
+import importlib.util
 import json
 import platform
 import sys
 import traceback
 from dataclasses import dataclass
 from fnmatch import fnmatch
+from importlib.metadata import PackageNotFoundError, distributions, version
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import cudnn, device, reference, stages
+from . import ceilings, cudnn, device, reference, stages
 from .check import check_variant
 from .engine import run
 from .ledger import Ledger, repo_root
@@ -202,8 +205,10 @@ def _row_numbers(rep: RunReport, net) -> dict:
     thr = rep.throughput(net)
     conv = [r for r in thr.values() if r["kind"] == "conv"]
     conv_flops = sum(r["flops"] for r in conv)
+    conv_bytes = sum(r["bytes"] for r in conv)  # the spec's minimum: each element moved once
     return {"total_s": rep.total, "conv_s": kinds.get("conv", 0.0), "layer_seconds": rep.layer_seconds,
             "conv_gflops": conv_flops / kinds["conv"] / 1e9 if kinds.get("conv") else None,
+            "conv_gbs": conv_bytes / kinds["conv"] / 1e9 if kinds.get("conv") else None,
             "total_range": rep.total_range, "runs": rep.runs, "device": rep.device, "method": rep.method}
 
 
@@ -213,40 +218,102 @@ def _baselines(net: str, n: int, reference_of, ledger, command, repeat) -> list[
     wl, r = reference_of(net, n, "cpu")
     ref_pred = r.predictions
     ledger.record(r.report, command=command)
-    rows.append({"stage": REFERENCE_STAGE, "variant": "reference", "net": net, "images": n, "checks": "-",
-                 **_row_numbers(r.report, wl.net), "accuracy": r.report.accuracy, "predictions_equal": True,
-                 "simulated": False, "workload": wl.note})
+    rows.append({"stage": REFERENCE_STAGE, "variant": "reference", "net": net, "images": n, "target": "cpu",
+                 "checks": "-", **_row_numbers(r.report, wl.net), "accuracy": r.report.accuracy,
+                 "predictions_equal": True, "simulated": False, "workload": wl.note})
     if cudnn.available():
         rep, preds = cudnn.time_forward(wl, repeat=max(repeat, 5))
         ledger.record(rep, command=command)
-        rows.append({"stage": rep.stage, "variant": "cudnn", "net": net, "images": n, "checks": "-",
-                     **_row_numbers(rep, wl.net), "accuracy": rep.accuracy,
+        rows.append({"stage": rep.stage, "variant": "cudnn", "net": net, "images": n, "target": "gpu",
+                     "checks": "-", **_row_numbers(rep, wl.net), "accuracy": rep.accuracy,
                      "predictions_equal": bool(np.array_equal(preds, ref_pred)), "simulated": False,
                      "workload": wl.note})
     return rows
 
 
+def versions() -> dict:
+    """Library versions a timing depends on; absent libraries are left out."""
+    out = {"python": platform.python_version()}
+    for dist in ("labkit", "numpy", "numba", "numba-cuda"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    if importlib.util.find_spec("cupy") is not None:  # found, not imported: importing it may touch the driver
+        names = sorted(d.metadata["Name"] for d in distributions() if (d.metadata["Name"] or "").startswith("cupy"))
+        if names:
+            out["cupy"] = f"{version(names[0])} ({names[0]})"
+    if importlib.util.find_spec("torch") is not None:
+        try:
+            import torch
+
+            out["torch"] = torch.__version__
+            out["cudnn"] = torch.backends.cudnn.version()
+        except Exception as exc:  # noqa: BLE001 - a torch that cannot load: say so, bench on
+            out["torch"] = f"installed, not loadable ({type(exc).__name__})"
+    return out
+
+
+def _ceilings_meta(device_label: str) -> dict | None:
+    roof = ceilings.for_device(device_label)
+    return None if roof is None else {"device": roof.device, "flops": roof.flops, "bandwidth": roof.bandwidth,
+                                      "source": roof.source}
+
+
+def _latest(reports: list[RunReport], labels: list[str], device_label: str) -> list[RunReport]:
+    """The newest run of each label of this bench call on this device, in the rows' order (the ledger may hold
+    runs of earlier calls into the same folder)."""
+    newest = {r.stage: r for r in reports if r.device == device_label and r.stage in labels}
+    return [newest[label] for label in labels if label in newest]
+
+
+def _plots(out: Path, rows: list[dict], meta: dict) -> None:
+    """Ladder, per-layer bars and roofline of every (net, images) with timed rows; a failure costs one plot."""
+    from . import plots
+
+    roof = ceilings.Ceilings(**meta["ceilings"]) if meta["ceilings"] else None
+    for net, n in sorted({(r["net"], r["images"]) for r in rows if "total_s" in r}):
+        reports = Ledger(out / "ledger.jsonl").reports(net=net, images=n)
+        timed = [r for r in rows if "total_s" in r and (r["net"], r["images"]) == (net, n)]
+        ours = _latest(reports, [r["stage"] for r in timed], meta["device"])
+        gpu = _latest(reports, [r["stage"] for r in timed if r.get("target") == "gpu"], meta["device"])
+        if roof and not gpu:
+            print(f"(roofline of {net}, {n} images skipped: no GPU runs)")
+        todo = [("ladder", plots.stage_ladder, (reports, net, n), bool(reports)),
+                ("layers", plots.layer_bars, (ours, None, False, _spread(ours) > 20), bool(ours)),
+                ("roofline", plots.roofline_runs, (gpu, roof), bool(roof and gpu))]
+        for kind, draw, args, wanted in todo:
+            if not wanted:
+                continue
+            try:
+                plots.save(draw(*args), out / f"{kind}_{net}_{n}.png")
+            except Exception as exc:  # noqa: BLE001 - a plot must not lose the numbers
+                print(f"({kind} plot of {net}, {n} images skipped: {type(exc).__name__}: {exc})")
+
+
+def _spread(reports: list[RunReport]) -> float:
+    totals = [r.total for r in reports if r.total > 0]
+    return max(totals) / min(totals) if totals else 1.0
+
+
 def _write(out: Path, rows: list[dict], command: str) -> None:
-    meta = {"device": device.label(), "simulated": device.info().simulated, "date": dt.datetime.now(
-        dt.timezone.utc).isoformat(timespec="seconds"), "command": command, "python": platform.python_version()}
+    label = device.label()
+    meta = {"device": label, "simulated": device.info().simulated, "date": dt.datetime.now(
+        dt.timezone.utc).isoformat(timespec="seconds"), "command": command, "python": platform.python_version(),
+        "versions": versions(), "ceilings": _ceilings_meta(label), "notes": []}
+    if meta["ceilings"] is None:
+        meta["notes"].append(f"roofline skipped: no fp32 or bandwidth ceilings known for {label}")
+        print(f"({meta['notes'][-1]})")
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    fields = ["stage", "net", "images", "checks", "total_s", "conv_s", "accuracy", "reference_accuracy",
-              "predictions_equal", "simulated", "skipped", "error"]
+    fields = ["stage", "net", "images", "checks", "total_s", "conv_s", "conv_gflops", "conv_gbs", "accuracy",
+              "reference_accuracy", "predictions_equal", "simulated", "skipped", "error"]
     with open(out / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     (out / "summary.md").write_text(f"# Bench: {meta['device']}\n\n{meta['date']}, `{command}`\n\n```\n"
                                     f"{table(rows)}\n```\n")
-    try:
-        from . import plots
-
-        for net, n in sorted({(r["net"], r["images"]) for r in rows if "total_s" in r}):
-            reports = Ledger(out / "ledger.jsonl").reports(net=net, images=n)
-            if reports:
-                plots.save(plots.stage_ladder(reports, net, images=n), out / f"ladder_{net}_{n}.png")
-    except Exception as exc:  # noqa: BLE001 - a plot must not lose the numbers
-        print(f"(plot skipped: {type(exc).__name__}: {exc})")
+    _plots(out, rows, meta)
 
 
 def rows_from_ledgers(paths: list[Path]) -> list[dict]:
@@ -286,7 +353,7 @@ def table(rows: list[dict]) -> str:
     """Stage ladder as text: one line per run; speedup over the baseline of the same net and image count
     (``labkit.stages.speedup_baseline``: the numpy reference when it ran)."""
     lines = [f"{'stage':<34} {'net':<8} {'images':>6} {'check':<5} {'total s':>10} {'conv s':>10} "
-             f"{'conv GF/s':>9} {'speedup':>8} {'accuracy':>8} {'=ref':>4}"]
+             f"{'conv GF/s':>9} {'conv GB/s':>9} {'speedup':>8} {'accuracy':>8} {'=ref':>4}"]
     timed: dict = {}
     for r in rows:
         if "total_s" in r:
@@ -300,7 +367,8 @@ def table(rows: list[dict]) -> str:
             continue
         acc = "n/a" if r.get("accuracy") is None else f"{100 * r['accuracy']:.2f}"
         gf = "-" if r.get("conv_gflops") is None else f"{r['conv_gflops']:.1f}"
+        gb = "-" if r.get("conv_gbs") is None else f"{r['conv_gbs']:.1f}"
         lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} "
-                     f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {gf:>9} {base[key] / r['total_s']:>7.1f}x "
+                     f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {gf:>9} {gb:>9} {base[key] / r['total_s']:>7.1f}x "
                      f"{acc:>8} {_yes_no(r.get('predictions_equal')):>4}")
     return "\n".join(lines)

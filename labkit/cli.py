@@ -243,6 +243,27 @@ def ladder(ledgers, out):
     click.echo(bench_mod.table(rows))
 
 
+@main.command("bench-doc")
+@click.argument("folders", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--doc", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The page to write (default: docs/BENCHMARKS.md of this checkout).")
+@click.option("--img-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the plots are copied (default: img/bench/ beside the page).")
+def bench_doc(folders, doc, img_dir):
+    """Write the benchmarks page from `labkit bench` output folders (each holding bench.json and its plots)."""
+    from . import benchdoc
+    from .ledger import repo_root
+
+    doc = doc or repo_root() / "docs" / "BENCHMARKS.md"
+    try:
+        benchdoc.render(list(folders), doc, img_dir or doc.parent / "img" / "bench")
+    except benchdoc.BenchDocError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"could not write the page: {exc}") from None
+    click.echo(f"wrote {doc} from {len(folders)} bench folder{'s' if len(folders) > 1 else ''}")
+
+
 
 # ---------------------------------------------------------------------------------------------- labkit lab
 

@@ -31,9 +31,10 @@ def _name(report: RunReport, i: int) -> str:
     return report.stage or f"{report.net} #{i + 1}"
 
 
-def layer_bars(report_or_reports: RunReport | Sequence[RunReport], ax=None, share: bool = False):
+def layer_bars(report_or_reports: RunReport | Sequence[RunReport], ax=None, share: bool = False, log: bool = False):
     """Per-layer times, one group per layer and one bar per report (e.g. stages side by side);
-    ``share=True`` plots each layer's percent of its report's total instead, which compares shapes, not speed."""
+    ``share=True`` plots each layer's percent of its report's total instead, which compares shapes, not speed;
+    ``log=True`` keeps a slow baseline from flattening the fast runs' bars."""
     reports = [report_or_reports] if isinstance(report_or_reports, RunReport) else list(report_or_reports)
     if not reports:
         raise ValueError("layer_bars: no reports to plot")
@@ -41,7 +42,7 @@ def layer_bars(report_or_reports: RunReport | Sequence[RunReport], ax=None, shar
     names: list[str] = []
     for layers in per_report:
         names += [n for n in layers if n not in names]
-    fig, ax = _figure(ax, figsize=(max(6, 0.7 * len(names) * max(1, len(reports) / 2)), 4))
+    fig, ax = _figure(ax, figsize=(min(18, max(6, 0.7 * len(names) * max(1, len(reports) / 2))), 4.5))
     x = np.arange(len(names))
     width = 0.8 / len(reports)
     for i, (report, layers) in enumerate(zip(reports, per_report)):
@@ -52,10 +53,12 @@ def layer_bars(report_or_reports: RunReport | Sequence[RunReport], ax=None, shar
         ax.bar(x + (i - (len(reports) - 1) / 2) * width, values, width, label=label)
     ax.set_xticks(x, names, rotation=45 if len(names) > 8 else 0)
     ax.set_ylabel("share of total time (%)" if share else "seconds")
+    if log:
+        ax.set_yscale("log")
     images = sorted({r.images for r in reports})
     ax.set_title(f"{reports[0].net}: time per layer, {'/'.join(map(str, images))} images")
     if len(reports) > 1 or reports[0].stage:
-        ax.legend()
+        ax.legend(fontsize=8 if len(reports) < 6 else 6, ncol=1 if len(reports) < 6 else 2)
     return fig
 
 

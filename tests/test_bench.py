@@ -134,3 +134,199 @@ def test_cli_bench_on_a_shipped_stage(tmp_path, cifar_root):
     assert [(r["stage"], r["images"], r["predictions_equal"]) for r in rows] == [("01 serial", 3, True)]
     result = CliRunner().invoke(main, ["bench", "--images", "3,x"])
     assert result.exit_code != 0 and "whole numbers" in result.output
+
+
+# ------------------------------------------------------------------ bench.json meta, per-layer plots, roofline
+
+
+def test_bench_json_has_meta_versions_and_conv_rates(benched):
+    from labkit.nets import get_net, layer_cost
+
+    rows, out = benched
+    bench_json = json.loads((out / "bench.json").read_text())
+    meta = bench_json["meta"]
+    assert {"device", "date", "command", "versions", "ceilings"} <= set(meta)
+    assert {"python", "numpy", "numba", "numba-cuda"} <= set(meta["versions"])
+    assert meta["ceilings"] is None  # the simulator has no ceilings: no roofline, one line says so
+    assert any(n.startswith("roofline skipped") and meta["device"] in n for n in meta["notes"])
+    net = get_net("cifar10")
+    timed = [r for r in bench_json["rows"] if "total_s" in r]
+    assert len(timed) == len([r for r in rows if "total_s" in r]) >= 4
+    for r in timed:
+        assert isinstance(r["conv_gflops"], float) and isinstance(r["conv_gbs"], float) and r["conv_gbs"] > 0
+        convs = [n for n in r["layer_seconds"] if n.startswith("conv")]
+        flops = sum(layer_cost(net, n, r["images"]).flops for n in convs)
+        data = sum(layer_cost(net, n, r["images"]).bytes for n in convs)
+        assert r["conv_gbs"] == pytest.approx(data / r["conv_s"] / 1e9)
+        assert r["conv_gflops"] / r["conv_gbs"] == pytest.approx(flops / data)
+    for n in (5, 9):
+        assert (out / f"layers_cifar10_{n}.png").read_bytes()[:4] == b"\x89PNG"
+        assert not (out / f"roofline_cifar10_{n}.png").exists()
+    assert "conv GB/s" in (out / "summary.md").read_text()
+
+
+def _fake_out(tmp_path, monkeypatch, ref_scale=100.0):
+    """A bench folder from made-up reports (a CPU reference, two GPU stages, cuDNN) on a device with ceilings."""
+    from labkit import ceilings, device
+    from labkit.nets import get_net
+    from labkit.report import RunReport
+
+    label = device.label()
+    monkeypatch.setattr(ceilings, "for_device", lambda name: ceilings.Ceilings(name, 60e12, 3e12, "datasheet"))
+    out = tmp_path / "fake"
+    ledger = Ledger(out / "ledger.jsonl")
+    layers = ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "conv3", "relu3", "pool3", "flatten", "fc",
+              "softmax"]
+    rows = []
+    for stage, target, scale in [("04 a", "gpu", 1.0), ("05 b", "gpu", 0.5), (bench.REFERENCE_STAGE, "cpu", ref_scale),
+                                 ("cuDNN (PyTorch x)", "gpu", 0.1)]:
+        secs = {n: scale * (1e-3 if n.startswith("conv") else 1e-5) for n in layers}
+        rep = RunReport("cifar10", 1200, secs, accuracy=0.5, device=label, simulated=False, stage=stage)
+        ledger.record(rep, command="fake")
+        rows.append({"stage": stage, "net": "cifar10", "images": 1200, "target": target, "checks": "-",
+                     **bench._row_numbers(rep, get_net("cifar10")), "accuracy": 0.5, "predictions_equal": True})
+    rows.insert(1, {"stage": "04 c", "net": "cifar10", "images": 1200, "checks": "FAIL", "skipped": "checks failed"})
+    return out, rows
+
+
+def test_write_draws_layers_and_a_roofline_of_the_gpu_runs_under_known_ceilings(tmp_path, monkeypatch):
+    from labkit import plots
+
+    out, rows = _fake_out(tmp_path, monkeypatch)
+    drawn = {}
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.name, fig) and save(fig, path))
+    bench._write(out, rows, "fake bench")
+    meta = json.loads((out / "bench.json").read_text())["meta"]
+    assert meta["ceilings"]["flops"] == 60e12 and meta["ceilings"]["source"] == "datasheet" and not meta["notes"]
+    assert set(drawn) == {"ladder_cifar10_1200.png", "layers_cifar10_1200.png", "roofline_cifar10_1200.png"}
+    layers = drawn["layers_cifar10_1200.png"].axes[0]
+    assert [t.get_text() for t in layers.get_legend().get_texts()] == ["04 a", "05 b", bench.REFERENCE_STAGE,
+                                                                      "cuDNN (PyTorch x)"]
+    assert layers.get_yscale() == "log"  # the reference is 1000x cuDNN: linear bars would hide the GPU runs
+    roof = drawn["roofline_cifar10_1200.png"].axes[0]
+    assert [t.get_text() for t in roof.get_legend().get_texts()] == ["04 a", "05 b", "cuDNN (PyTorch x)"]
+    assert all((out / name).read_bytes()[:4] == b"\x89PNG" for name in drawn)
+
+
+def test_write_keeps_linear_bars_when_runs_are_close_and_survives_a_failing_plot(tmp_path, monkeypatch):
+    from labkit import plots
+
+    out, rows = _fake_out(tmp_path, monkeypatch, ref_scale=2.0)
+    drawn = {}
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.name, fig))
+    bench._write(out, rows, "fake bench")
+    assert drawn["layers_cifar10_1200.png"].axes[0].get_yscale() == "linear"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no plot today")
+
+    monkeypatch.setattr(plots, "roofline_runs", broken)
+    (out / "bench.json").unlink()
+    drawn.clear()
+    bench._write(out, rows, "fake bench")
+    assert json.loads((out / "bench.json").read_text())["rows"] == json.loads(json.dumps(rows, default=str))
+    assert set(drawn) == {"ladder_cifar10_1200.png", "layers_cifar10_1200.png"}
+
+
+# ---------------------------------------------------------------------------------- the benchmarks page
+
+
+def _links(text):
+    import re
+
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+
+
+def _no_outside_paths(text, *roots):
+    import re
+
+    for root in roots:
+        assert str(root) not in text
+    assert not re.search(r"(?<![\w.~$/-])/(tmp|home|work|root|usr|var|private|Users)/", text)
+    assert all(not link.startswith("/") for link in _links(text))
+
+
+def test_benchdoc_renders_the_ladder_of_a_bench_folder(benched, tmp_path):
+    from labkit import benchdoc
+
+    rows, out = benched
+    doc = tmp_path / "repo" / "docs" / "BENCHMARKS.md"
+    text = benchdoc.render([out], doc, doc.parent / "img" / "bench")
+    assert doc.read_text() == text
+    meta = json.loads((out / "bench.json").read_text())["meta"]
+    assert f"## {meta['device']}: `out`" in text and f"- date: {meta['date']}" in text
+    assert "- command: `pytest bench`" in text and f"numba-cuda {meta['versions']['numba-cuda']}" in text
+    assert "roofline skipped" in text and "none recorded for this device" in text
+    ref = {n: _row(rows, bench.REFERENCE_STAGE, n)["total_s"] for n in (5, 9)}
+    for n in (5, 9):
+        section = text.split(f"### cifar10, {n} images")[1].split("###")[0]
+        table = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+        timed = [r for r in rows if "total_s" in r and r["images"] == n]
+        assert [line.split(" | ")[0][2:] for line in table] == [r["stage"] for r in timed]
+        for line, r in zip(table, timed):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            assert float(cells[2]) == pytest.approx(r["total_s"], rel=1e-3)
+            assert float(cells[5]) == pytest.approx(r["conv_gbs"], abs=0.051)
+            assert cells[7] == f"{benchdoc._ratio(ref[n] / r['total_s'])}x" and cells[10] == "yes"
+        assert "`05 wrong` (checks failed)" in section and "RuntimeError: boom at batch" in section
+    links = _links(text)
+    assert sorted(p.rsplit("/", 1)[1] for p in links) == sorted(
+        f"{k}_cifar10_{n}.png" for k in ("ladder", "layers") for n in (5, 9))
+    for link in links:
+        copied = doc.parent / link
+        assert copied.is_file() and copied.read_bytes() == (out / copied.name).read_bytes()
+    fastest = min((r for r in rows if r["images"] == 9 and r["stage"].startswith("05 ") and "total_s" in r),
+                  key=lambda r: r["total_s"])
+    (line,) = [x for x in text.splitlines() if x.startswith("- cifar10, 9 images, **05**")]
+    top = max(fastest["layer_seconds"], key=fastest["layer_seconds"].get)
+    assert f"`{fastest['stage']}`" in line and f"`{top}` takes the most time" in line
+    assert "no roofline verdict" in line
+    _no_outside_paths(text, out, tmp_path)
+    assert benchdoc.render([out], doc, doc.parent / "img" / "bench") == text
+    assert doc.read_text() == text  # idempotent: the page is made again byte for byte
+
+
+def test_benchdoc_roofline_verdict_and_peak_from_recorded_ceilings(tmp_path, monkeypatch):
+    from labkit import benchdoc
+
+    out, rows = _fake_out(tmp_path, monkeypatch)
+    bench._write(out, rows, f"labkit bench --out {out} --notebooks {bench.repo_root() / 'solutions'}")
+    doc = tmp_path / "docs" / "B.md"
+    text = benchdoc.render([out, out], doc, tmp_path / "docs" / "img")
+    assert "60.0 TFLOP/s fp32, 3.00 TB/s, ridge at 20.0 FLOP/byte (datasheet)" in text
+    assert "--notebooks solutions`" in text and "--out …/fake " in text  # paths cut to repo-relative or a name
+    assert "img/fake/roofline_cifar10_1200.png" in text and "img/fake-2/roofline_cifar10_1200.png" in text
+    gpu = _row(rows, "05 b", 1200)
+    line = next(x for x in text.splitlines() if x.startswith("| 05 b |"))
+    assert f"| {benchdoc._pct(100 * gpu['conv_gflops'] * 1e9 / 60e12)} |" in line
+    intensity = gpu["conv_gflops"] / gpu["conv_gbs"]
+    verdict = "compute-bound" if intensity > 20 else "memory-bound"
+    line = next(x for x in text.splitlines() if x.startswith("- cifar10, 1200 images, **05**"))
+    assert verdict in line and f"ridge at {20:.3g}" in line
+    line = next(x for x in text.splitlines() if x.startswith(f"- cifar10, 1200 images, **{bench.REFERENCE_STAGE}**"))
+    assert "on the CPU" in line and "bound" not in line.split("does not")[0]
+    line = next(x for x in text.splitlines() if x.startswith("| cuDNN (PyTorch x) |"))
+    assert line.split(" | ")[8] == "1"  # time over cuDNN's own
+    _no_outside_paths(text, tmp_path)
+
+
+def test_cli_bench_doc(benched, tmp_path):
+    from click.testing import CliRunner
+
+    from labkit.cli import main
+
+    _, out = benched
+    doc = tmp_path / "docs" / "BENCHMARKS.md"
+    result = CliRunner().invoke(main, ["bench-doc", str(out), "--doc", str(doc)])
+    assert result.exit_code == 0, result.output
+    assert doc.is_file() and (doc.parent / "img" / "bench" / "out" / "ladder_cifar10_9.png").is_file()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for folder, why in [(tmp_path / "missing", "no such folder"), (bad, "no bench.json")]:
+        result = CliRunner().invoke(main, ["bench-doc", str(folder), "--doc", str(doc)])
+        assert result.exit_code != 0 and why in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+    (bad / "bench.json").write_text("[1, 2]")
+    result = CliRunner().invoke(main, ["bench-doc", str(out), str(bad), "--doc", str(tmp_path / "other.md")])
+    assert result.exit_code != 0 and "expected" in result.output and not (tmp_path / "other.md").exists()

@@ -130,3 +130,11 @@ def test_scaling_and_per_image_bars():
     heights = sorted(b.get_height() for b in bars(fig.axes[0]))
     assert heights[-1] == pytest.approx(1.0 / 1200)  # a conv layer of run a, per image
     assert any(h == pytest.approx(20.0 / 50000) for h in heights)  # and of run b
+
+
+def test_layer_bars_log_scale_and_a_bounded_width_for_many_runs():
+    reports = [report(f"0{i} v", 10.0 ** -i) for i in range(8)]
+    fig = plots.layer_bars(reports, log=True)
+    assert fig.axes[0].get_yscale() == "log" and len(bars(fig.axes[0])) == 8 * 11
+    assert fig.get_figwidth() <= 18
+    assert plots.layer_bars(reports[:2]).axes[0].get_yscale() == "linear"
