@@ -112,13 +112,19 @@ class Variant:
         return label(self.stage, self.name or "variant")
 
     def unavailable(self) -> str:
-        """Why this variant cannot run here ("" when it can): CUDA C through cupy needs a real GPU with cupy."""
-        if "cupy" in self.requires:
-            from .device import info
+        """Why this variant cannot run here ("" when it can)."""
+        return unavailable(self.requires)
 
-            if info().kind != "gpu" or not info().cupy:
-                return "needs a real GPU with cupy (CUDA C through cupy.RawModule)"
-        return ""
+
+def unavailable(requires: tuple[str, ...]) -> str:
+    """Why code needing ``requires`` cannot run here ("" when it can): CUDA C through cupy needs a real GPU with
+    cupy. Variants and tuning candidates both ask this."""
+    if "cupy" in requires:
+        from .device import info
+
+        if info().kind != "gpu" or not info().cupy:
+            return "needs a real GPU with cupy (CUDA C through cupy.RawModule)"
+    return ""
 
 
 def variants(stage: str, named: dict[str, Variant]) -> dict[str, Variant]:

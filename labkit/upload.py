@@ -29,7 +29,8 @@ def stored_bytes(images: int) -> np.ndarray:
     tile them; synthetic bytes where no data is found."""
     try:
         have = data.load_cifar10().images
-    except data.DataError:
+    except data.DataError as exc:
+        print(f"timing on synthetic bytes: {exc}")
         have = np.random.default_rng(0).integers(0, 256, (min(images, 1000), 3, 32, 32), dtype=np.uint8)
     return np.resize(have, (images, *have.shape[1:]))
 

@@ -7,22 +7,29 @@ from numba import cuda, float32
 from labkit import gpu
 
 
+@cuda.jit(device=True)
+def _output_element(x, w, b, n, m, i, j, pad, stride):
+    """out[n, m, i, j]: the bias plus every input channel's window, inputs outside the image counted as zero."""
+    _, C, H, W = x.shape
+    K = w.shape[2]
+    acc = b[m]
+    for c in range(C):
+        for p in range(K):
+            for q in range(K):
+                r, col = i * stride + p - pad, j * stride + q - pad
+                if 0 <= r < H and 0 <= col < W:
+                    acc += x[n, c, r, col] * w[m, c, p, q]
+    return acc
+
+
 @cuda.jit
 def _thread_per_output(x, w, b, out, pad, stride, limit):
-    N, C, H, W = x.shape
-    M, _, K, _ = w.shape
+    M = w.shape[0]
     Ho, Wo = out.shape[2], out.shape[3]
     t = cuda.grid(1)
     if t < limit:
         j, i, m, n = t % Wo, (t // Wo) % Ho, (t // (Wo * Ho)) % M, t // (Wo * Ho * M)
-        acc = b[m]
-        for c in range(C):
-            for p in range(K):
-                for q in range(K):
-                    r, col = i * stride + p - pad, j * stride + q - pad
-                    if 0 <= r < H and 0 <= col < W:
-                        acc += x[n, c, r, col] * w[m, c, p, q]
-        out[n, m, i, j] = acc
+        out[n, m, i, j] = _output_element(x, w, b, n, m, i, j, pad, stride)
 
 
 def device_conv(x, w, b, out, pad, stride):
@@ -78,8 +85,7 @@ def conv_channel_atomic(x, w, b, out, pad, stride):
 
 @cuda.jit
 def _four_images_per_block_row(x, w, b, out, pad, stride):
-    N, C, H, W = x.shape
-    M, _, K, _ = w.shape
+    N, M = x.shape[0], w.shape[0]
     Ho, Wo = out.shape[2], out.shape[3]
     e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if e < M * Ho * Wo:
@@ -87,14 +93,7 @@ def _four_images_per_block_row(x, w, b, out, pad, stride):
         for k in range(4):
             n = cuda.blockIdx.y * 4 + k
             if n < N:
-                acc = b[m]
-                for c in range(C):
-                    for p in range(K):
-                        for q in range(K):
-                            r, col = i * stride + p - pad, j * stride + q - pad
-                            if 0 <= r < H and 0 <= col < W:
-                                acc += x[n, c, r, col] * w[m, c, p, q]
-                out[n, m, i, j] = acc
+                out[n, m, i, j] = _output_element(x, w, b, n, m, i, j, pad, stride)
 
 
 def conv_grid_bug(x, w, b, out, pad, stride):

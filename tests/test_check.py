@@ -258,3 +258,18 @@ def test_a_kernel_without_a_guard_fails_even_where_a_gpu_checks_no_bounds():
     r = lk.check_layer(conv_no_guard, "fashion", "conv1", arrays="device", quiet=True)
     assert not r.passed and "out of bounds" in r.detail, str(r)
     assert lk.check_layer(device_conv, "fashion", "conv1", arrays="device", quiet=True).passed
+
+
+@pytest.mark.skipif(ON_GPU, reason="writes past the end through the simulator's host array (the GPU test is above)")
+def test_values_written_past_the_end_of_out_are_found_by_the_guard():
+    """What a GPU does with an unguarded thread, done here by hand: right values in out, three more after its end.
+    The simulator's own bounds checks cannot see this write; only the guard after out can."""
+    from buggy_kernels import device_conv
+
+    def spills(x, w, b, out, pad, stride):
+        device_conv(x, w, b, out, pad, stride)
+        flat = out._ary.reshape(-1)  # the simulator's numpy view; its memory goes on into the guard
+        np.lib.stride_tricks.as_strided(flat, shape=(flat.size + 3,))[flat.size:] = 1.0
+
+    r = lk.check_layer(spills, "cifar10", "conv2", arrays="device", quiet=True)
+    assert not r.passed and "3 value(s) written out of bounds, past the end of out" in r.detail, str(r)
