@@ -2,7 +2,7 @@
 fully connected and softmax. Stage 01 has you write them once, as CPU loop nests; from stage 02 on the GPU variants
 use these, so every stage spends its effort on the convolution, where the time goes.
 
-Each is a thread-per-output kernel with a host function in the layer calling convention (``labkit.layers``),
+Each is a thread-per-output kernel (fc on many images: tiles in shared memory) with a host function in the layer calling convention (``labkit.layers``),
 on device arrays, launched through ``labkit.gpu`` (so it is counted and profiled like a student's kernel).
 """
 
@@ -43,6 +43,59 @@ def _maxpool(x, out, kernel, stride):
             for q in range(kernel):
                 best = max(best, x[n, c, i * stride + p, j * stride + q])
         out[n, c, i, j] = best
+
+
+def _make_fc(BM: int, BN: int, TM: int, TN: int, BK: int = 16):
+    """out = x @ w.T + b in tiles: a block computes BM images x BN features; per step of BK inputs it stages both
+    tiles in shared memory (each element read from global memory once per block, coalesced along the inputs) and
+    every thread accumulates a TM x TN tile in registers. A thread per output element reads its whole input row
+    and weight row from global memory instead: 10x slower on CIFAR's fc, 20x on Fashion's fc1."""
+    TX, TY = BN // TN, BM // TM  # threads along features, along images
+    NT = TX * TY
+    XCOLS, WCOLS = BM + 1, BN + 1  # padded rows: the transposing stores miss no bank (shapes must be plain ints)
+
+    @cuda.jit
+    def fc_tiled(x, w, b, out):
+        N, IN = x.shape
+        OUT = w.shape[0]
+        xs = cuda.shared.array((BK, XCOLS), float32)  # [k][image]
+        ws = cuda.shared.array((BK, WCOLS), float32)  # [k][feature]
+        acc = cuda.local.array((TM, TN), float32)
+        t = cuda.threadIdx.x
+        tx, ty = t % TX, t // TX
+        n0, o0 = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = float32(0.0)
+        for k0 in range(0, IN, BK):
+            for e in range(t, BM * BK, NT):
+                r, c = e // BK, e % BK
+                xs[c, r] = x[n0 + r, k0 + c] if n0 + r < N and k0 + c < IN else float32(0.0)
+            for e in range(t, BN * BK, NT):
+                r, c = e // BK, e % BK
+                ws[c, r] = w[o0 + r, k0 + c] if o0 + r < OUT and k0 + c < IN else float32(0.0)
+            cuda.syncthreads()
+            for kk in range(BK):
+                for i in range(TM):
+                    a = xs[kk, ty + i * TY]
+                    for j in range(TN):
+                        acc[i, j] += a * ws[kk, tx + j * TX]
+            cuda.syncthreads()
+        for i in range(TM):
+            n = n0 + ty + i * TY
+            for j in range(TN):
+                o = o0 + tx + j * TX
+                if n < N and o < OUT:
+                    out[n, o] = acc[i, j] + b[o]
+
+    fc_tiled.tile = (BM, BN, NT)
+    return fc_tiled
+
+
+#: (images, features, per-thread images, per-thread features): narrow tiles for a few classes (CIFAR's fc, every
+#: net's last layer), square ones for a wide layer (Fashion's fc1 has 160 features)
+_FC_NARROW, _FC_WIDE = _make_fc(128, 16, 8, 1), _make_fc(64, 64, 4, 4)
+FC_TILED_FROM = 64  # images: fewer fill one tile's rows poorly, and a thread per output is then as fast
 
 
 @cuda.jit
@@ -90,7 +143,11 @@ def maxpool(x, out, kernel, stride):
 
 
 def fc(x, w, b, out):
-    gpu.launch(_fc, out.size, x, w, b, out)
+    if x.shape[0] < FC_TILED_FROM:
+        return gpu.launch(_fc, out.size, x, w, b, out)
+    kernel = _FC_NARROW if w.shape[0] <= 16 else _FC_WIDE
+    bm, bn, threads = kernel.tile
+    gpu.launch_grid(kernel, (gpu.blocks(x.shape[0], bm), gpu.blocks(w.shape[0], bn)), threads, x, w, b, out)
 
 
 def softmax(x, out):

@@ -1,7 +1,7 @@
 """What the kit measured on real GPUs: the committed results under ``results/``, and one renderer for them.
 
-Each folder ``results/<device>-<date>/`` holds the ledger of one or more ``labkit bench`` calls (``ledger*.jsonl``)
-and a ``meta.json`` with the device, date and commands. Notebooks, the README and docs quote those figures only
+Each folder ``results/<device>-<date>/`` holds the ledgers of one or more ``labkit bench`` calls (``ledger*.jsonl``,
+at its top or in one output folder per call) and may hold a ``meta.json`` with the device, date and commands. Notebooks, the README and docs quote those figures only
 through this module, so every number they show comes from a run that can be named; on a machine without a GPU the
 plots of a stage are drawn from here, labelled with the device and date.
 """
@@ -65,7 +65,7 @@ def load(folder: str | Path) -> Results:
     folder = Path(folder)
     meta_path = folder / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    ledgers = [Ledger(path) for path in sorted(folder.glob("ledger*.jsonl"))]
+    ledgers = [Ledger(path) for path in sorted(folder.glob("**/ledger*.jsonl"))]
     reports = [rep for ledger in ledgers for rep in ledger.reports()]
     if "date" not in meta:  # the date of the first recorded run
         meta["date"] = next((row["date"] for ledger in ledgers for row in ledger.read()), "?")
@@ -74,7 +74,7 @@ def load(folder: str | Path) -> Results:
 
 def all_results(root: Path = RESULTS) -> list[Results]:
     """Every committed results folder with GPU runs, newest first."""
-    found = [load(p) for p in sorted(root.glob("*/")) if any(p.glob("ledger*.jsonl"))]
+    found = [load(p) for p in sorted(root.glob("*/")) if any(p.glob("**/ledger*.jsonl"))]
     return sorted([r for r in found if r.reports], key=lambda r: r.date, reverse=True)
 
 

@@ -73,11 +73,12 @@ class Tuning:
     source: str  # "measured here" or where the choice came from
 
     def table(self) -> str:
-        lines = [f"{'layer':<8}{'candidate':<34}{'check':<7}{'median ms':>11}{'':>4}"]
+        wide = max([34, *(len(t.candidate.name) + 1 for t in self.trials)])
+        lines = [f"{'layer':<8}{'candidate':<{wide}}{'check':<7}{'median ms':>11}{'':>4}"]
         for t in self.trials:
             ms = f"{1e3 * t.median:.4f}" if t.median is not None else "-"
             mark = " <-" if self.choice.get(t.layer) == t.candidate.name else ""
-            lines.append(f"{t.layer:<8}{t.candidate.name:<34}{'PASS' if t.check.passed else 'FAIL':<7}{ms:>11}"
+            lines.append(f"{t.layer:<8}{t.candidate.name:<{wide}}{'PASS' if t.check.passed else 'FAIL':<7}{ms:>11}"
                          f"{mark}")
         lines.append(f"choice: {self.source}")
         return "\n".join(lines)
@@ -93,14 +94,22 @@ def _group_of(spec: Net, layer: str, fused: bool) -> tuple:
     return (conv,)
 
 
-def _time(c: Candidate, spec: Net, group: tuple, batch: int, repeat: int, rng) -> list[float]:
-    from .timing import Clock
-
+def _inputs(spec: Net, group: tuple, batch: int, rng) -> tuple:
+    """A layer's timing input and weights on the device, made once per layer and shared by its candidates (at
+    50000 CIFAR images the input alone is 600 MB: making it per candidate took longer than timing them)."""
     conv = group[0]
     x = rng.standard_normal((batch, *spec.input_shape_of(conv.name))).astype(np.float32)
     weights = layers.with_biases(group, {k: v for k, v in _weights(spec, conv, rng).items()})
-    xd, wd = gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}
-    out = gpu.buffer(f"tune {conv.name}", layers.group_output_shape(group, x.shape, weights))
+    out_shape = layers.group_output_shape(group, x.shape, weights)
+    return gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}, out_shape
+
+
+def _time(c: Candidate, group: tuple, inputs: tuple, repeat: int) -> list[float]:
+    from .timing import Clock
+
+    conv = group[0]
+    xd, wd, out_shape = inputs
+    out = gpu.buffer(f"tune {conv.name}", out_shape)
 
     def call():
         args = layers.fused_args(group, xd, wd, out) if len(group) > 1 else layers.args(conv, xd, wd, out)
@@ -140,6 +149,7 @@ def tune(candidates: dict[str, list[Candidate]], net: str | Net, images: int, re
     on_gpu = device.info().kind == "gpu"
     trials = []
     for layer, cands in candidates.items():
+        inputs = {}  # group -> its timing input, made when a first candidate of the group passes
         for c in cands:
             group = _group_of(spec, layer, c.fused)
             if c.fused and len(group) > 1:
@@ -148,7 +158,10 @@ def tune(candidates: dict[str, list[Candidate]], net: str | Net, images: int, re
                 result = check.check_layer(c.fn, spec, layer, arrays="device", quiet=True)
             trial = Trial(layer, c, result)
             if result.passed and on_gpu:
-                trial.seconds = _time(c, spec, group, images, repeat, rng)
+                if group not in inputs:
+                    inputs.clear()  # one layer's input on the device at a time
+                    inputs[group] = _inputs(spec, group, images, rng)
+                trial.seconds = _time(c, group, inputs[group], repeat)
             trials.append(trial)
             if not quiet:
                 timing = f", {1e3 * trial.median:.4f} ms" if trial.median is not None else ""

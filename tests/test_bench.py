@@ -51,8 +51,10 @@ def benched(tmp_path_factory, cifar_data):
     _notebook(books / "06_constant_memory.ipynb", "raise ValueError('a broken kernel cell')")
     _notebook(books / "07_unroll_matmul.ipynb", "x = 1  # no VARIANTS: not a timed stage")
     out = root / "out"
-    rows = bench.bench(None, None, (5, 9), books, out, repeat=2, limits=bench.Limits(per_image=5, cpu=100),
-                       command="pytest bench", progress=False, skip=["05 left_*"])
+    with pytest.MonkeyPatch.context() as mp:  # a device with no known ceilings (the simulator; on a GPU, made so)
+        mp.setattr(bench.ceilings, "for_device", lambda name: None)
+        rows = bench.bench(None, None, (5, 9), books, out, repeat=2, limits=bench.Limits(per_image=5, cpu=100),
+                           command="pytest bench", progress=False, skip=["05 left_*"])
     return rows, out
 
 
@@ -147,7 +149,7 @@ def test_bench_json_has_meta_versions_and_conv_rates(benched):
     meta = bench_json["meta"]
     assert {"device", "date", "command", "versions", "ceilings"} <= set(meta)
     assert {"python", "numpy", "numba", "numba-cuda"} <= set(meta["versions"])
-    assert meta["ceilings"] is None  # the simulator has no ceilings: no roofline, one line says so
+    assert meta["ceilings"] is None  # no ceilings known for the device: no roofline, one line says so
     assert any(n.startswith("roofline skipped") and meta["device"] in n for n in meta["notes"])
     net = get_net("cifar10")
     timed = [r for r in bench_json["rows"] if "total_s" in r]
@@ -207,6 +209,40 @@ def test_write_draws_layers_and_a_roofline_of_the_gpu_runs_under_known_ceilings(
     roof = drawn["roofline_cifar10_1200.png"].axes[0]
     assert [t.get_text() for t in roof.get_legend().get_texts()] == ["04 a", "05 b", "cuDNN (PyTorch x)"]
     assert all((out / name).read_bytes()[:4] == b"\x89PNG" for name in drawn)
+
+
+def test_the_roofline_keeps_the_fastest_run_of_each_stage_and_every_baseline():
+    from labkit.report import RunReport
+
+    def rep(stage, conv_s):
+        return RunReport("cifar10", 10, {"conv1": conv_s, "fc": 1e-4}, device="d", stage=stage)
+
+    runs = [rep("05 a", 3e-3), rep("05 b", 2e-3), rep("06 c", 5e-3), rep("cuDNN (x)", 1e-3), rep("numpy reference", 1)]
+    assert [r.stage for r in bench._fastest_per_stage(runs)] == ["05 b", "06 c", "cuDNN (x)", "numpy reference"]
+
+
+def test_a_run_above_the_ceiling_is_noted_and_refreshed_ceilings_redraw_the_plots(tmp_path, monkeypatch):
+    from labkit import ceilings
+
+    out, rows = _fake_out(tmp_path, monkeypatch)
+    fastest = max(r.get("conv_gflops") or 0 for r in rows)
+    low = ceilings.Ceilings("x", 0.5 * fastest * 1e9, 3e12, "measured by labkit, 2026-01-01")
+    monkeypatch.setattr(ceilings, "for_device", lambda name: low)
+    bench._write(out, rows, "fake bench")
+    meta = json.loads((out / "bench.json").read_text())["meta"]
+    above = [n for n in meta["notes"] if "that ceiling is too low" in n]
+    assert len(above) == sum(1 for r in rows if (r.get("conv_gflops") or 0) * 1e9 > low.flops) >= 1
+    assert "cuDNN (PyTorch x) (cifar10, 1200 images)" in above[0]
+    (out / "roofline_cifar10_1200.png").unlink()
+    right = ceilings.Ceilings("x", 10 * fastest * 1e9, 3e12, "datasheet")
+    monkeypatch.setattr(ceilings, "for_device", lambda name: right)
+    meta = bench.refresh_ceilings(out)
+    assert meta == json.loads((out / "bench.json").read_text())["meta"]
+    assert meta["ceilings"]["flops"] == right.flops and meta["ceilings"]["source"] == "datasheet"
+    assert not [n for n in meta["notes"] if "too low" in n]
+    assert any(n.startswith("ceilings replaced on ") and "(measured by labkit, 2026-01-01)" in n for n in meta["notes"])
+    assert (out / "roofline_cifar10_1200.png").read_bytes()[:4] == b"\x89PNG"  # drawn again
+    assert bench.refresh_ceilings(out) == meta  # nothing more to replace
 
 
 def test_write_keeps_linear_bars_when_runs_are_close_and_survives_a_failing_plot(tmp_path, monkeypatch):
