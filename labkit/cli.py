@@ -112,7 +112,8 @@ def run(net_name, images, weights, download, synthetic, ledger):
         x, labels, source = _inputs_or_synthetic(net, images, download, synthetic)
     except (ValueError, FileNotFoundError, data_mod.DataError) as exc:
         raise click.ClickException(str(exc)) from None
-    wsrc = weights or "the kit's own (labkit/weights/)"
+    course = weights_io.course_weights(net.name) if weights is None else None
+    wsrc = weights or (data_mod.shown(course) if course else "the kit's own (labkit/weights/)")
     click.echo(f"{net.name}: {len(x)} {source}; weights {wsrc}")
     wl = Workload(net, w, x, labels, simulated=False, synthetic=labels is None, note=source)
     result = engine.run(wl, warmup=False, quiet=True)
@@ -129,7 +130,8 @@ def _csv_list(value: str | None) -> list[str] | None:
 
 @main.command()
 @click.option("--stages", default=None, help="Stage numbers, comma-separated (default: every stage with VARIANTS).")
-@click.option("--nets", default=None, help="Networks, comma-separated (default: each variant's own).")
+@click.option("--nets", default=None, help="Networks, comma-separated (default: each variant's own; ece408 runs every "
+              "stage's fashion kernels, with the course's weights from $LABKIT_DATA/ece408-model).")
 @click.option("--images", default=None, help="Image counts, comma-separated (e.g. 1200,50000; default: each net's own "
               "workloads: 1200,50000 for cifar10 and 100,1000,10000 for fashion).")
 @click.option("--notebooks", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,

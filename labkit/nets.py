@@ -61,6 +61,9 @@ class Net:
     #: preparation (cifar10: byte/255 - 0.5; fashion: byte/255, bilinear with clamped edges), "ece408" for the
     #: ECE408 project's (skimage-style bilinear resize with zeros outside the image, truncated to uint8, 0..255)
     input_prep: str = ""
+    #: the net whose stage variants this one runs: the same layer stack at other sizes ("" for none). ECE408's model
+    #: is Fashion's stack, so every stage's fashion kernels run it (``Variant.runs_on``, ``labkit bench --nets``)
+    kernels_of: str = ""
 
     def layer(self, name: str) -> Layer:
         for layer in self.layers:
@@ -119,7 +122,7 @@ class Net:
             layers.append(layer)
         c = self.input_shape[0]
         net = Net(self.name + SCALED_SUFFIX, (c, *input_hw), tuple(layers), self.dataset, self.report, (), self.classes,
-                  default_images=2, input_prep=self.input_prep)
+                  default_images=2, input_prep=self.input_prep, kernels_of=self.kernels_of)
         if any(d < 1 for shape in net.shapes().values() for d in shape):
             raise ValueError(f"input {input_hw} is too small for {self.name}: some layer would have no output")
         return net
@@ -210,7 +213,7 @@ FASHION = Net(
 # Fashion's stack, smaller, on 48x48 inputs. The kit ships no weights for it (they are the course's):
 # labkit.weights_io.load_mxnet_params imports its .params.
 ECE408 = replace(FASHION, name="ece408", input_shape=(1, 48, 48), layers=_ece408_layers(6, 16, 140),
-                 input_prep="ece408")
+                 input_prep="ece408", kernels_of="fashion")
 
 NETS = {net.name: net for net in (CIFAR10, FASHION, ECE408)}
 

@@ -115,6 +115,13 @@ class Variant:
         """Why this variant cannot run here ("" when it can)."""
         return unavailable(self.requires)
 
+    def runs_on(self, net: str) -> bool:
+        """Whether this variant runs ``net``: one of its own nets, or a net with one of their layer stacks
+        (``Net.kernels_of``: ece408 runs every stage's fashion kernels)."""
+        from .nets import get_net
+
+        return net in self.nets or get_net(net).kernels_of in self.nets
+
 
 def unavailable(requires: tuple[str, ...]) -> str:
     """Why code needing ``requires`` cannot run here ("" when it can): CUDA C through cupy needs a real GPU with

@@ -49,7 +49,9 @@ def load_weights(net: str | Net, path: str | Path | None = None) -> dict[str, np
     layers are upcast here, so every figure the kit computes comes from the weights as loaded."""
     net = get_net(net)
     if path is None and net.name in NOT_SHIPPED:
-        raise FileNotFoundError(NOT_SHIPPED[net.name])
+        path = course_weights(net.name)
+        if path is None:
+            raise FileNotFoundError(NOT_SHIPPED[net.name])
     path = Path(path) if path is not None else shipped_weights_path(net)
     if path.is_dir():
         return load_c_study_weights(path, net)
@@ -179,9 +181,24 @@ def load_c_study_weights(folder: str | Path, net: str | Net = "cifar10") -> dict
 NOT_SHIPPED = {
     "ece408": ("labkit ships no weights for ece408 (the ECE408 course's trained model, licence unknown): get "
                "models/ece408-0002.params from github.com/illinois-impact/ece408_mxnet_docker (branch 2019sp; the "
-               "course data folder has it as ece408-model/ece408-sp19-0002.params) and load it with "
-               "--weights PATH/ece408-sp19-0002.params (weights=PATH in Python)"),
+               "course data folder has it as ece408-model/ece408-sp19-0002.params, which labkit finds under "
+               "$LABKIT_DATA) and load it with --weights PATH/ece408-sp19-0002.params (weights=PATH in Python)"),
 }
+
+#: where the course's data folder keeps the weights the kit does not ship (under a data search root)
+COURSE_WEIGHTS = {"ece408": "ece408-model/ece408-sp19-0002.params"}
+
+
+def course_weights(net: str) -> Path | None:
+    """The course's weights file for ``net`` in the data search roots ($LABKIT_DATA first), or None."""
+    from .data import find_folder
+
+    if net not in COURSE_WEIGHTS:
+        return None
+    folder, name = COURSE_WEIGHTS[net].split("/")
+    found = find_folder(folder)
+    return found / name if found is not None and (found / name).is_file() else None
+
 
 #: MXNet argument names of each importable net -> the kit's weight keys
 MXNET_NAMES = {

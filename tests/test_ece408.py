@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import labkit as lk
-from labkit import check, data, device, gpu, reference, report, simulator, workloads
+from labkit import bench, check, data, device, gpu, reference, report, simulator, workloads
 from labkit.cli import main
 from labkit.nets import ECE408, FASHION, NETS
 from labkit.weights_io import MXNET_NAMES, NOT_SHIPPED, load_mxnet_params, load_weights, read_mxnet_params
@@ -273,7 +273,13 @@ def test_real_inputs_match_pinned_values(fashion_root):
 # ------------------------------------------------------------------------------------------- without the weights
 
 
-def test_no_shipped_weights_is_one_clear_line():
+@pytest.fixture
+def no_course_data(monkeypatch, tmp_path):
+    """Data search roots that hold nothing: the ECE408 weights are nowhere."""
+    monkeypatch.setattr(data, "search_roots", lambda: [("$LABKIT_DATA", tmp_path)])
+
+
+def test_no_shipped_weights_is_one_clear_line(no_course_data):
     code, out = run_cli("run", "--net", "ece408", "--images", "3", "--synthetic")
     assert code != 0 and "Traceback" not in out and len(out.strip().splitlines()) == 1
     assert NOT_SHIPPED["ece408"] in out
@@ -361,3 +367,40 @@ def test_whole_net_on_the_device_path():
         out = str(lk.run(wl, variant, warmup=False, quiet=True))
         assert len(re.findall(r"^Op Time: \d+\.\d{6}$", out, re.M)) == 2
         assert "Correctness: n/a Model: ece408-mini" in out
+
+
+# --------------------------------------------------------------------- every stage's fashion kernels run ece408
+
+
+def test_variants_run_ece408_through_fashions_kernels():
+    assert ECE408.kernels_of == "fashion" and FASHION.kernels_of == "" and simulator.net("ece408").kernels_of == "fashion"
+    both, fashion_only, cifar_only = lk.Variant(), lk.Variant(nets=("fashion",)), lk.Variant(nets=("cifar10",))
+    assert both.runs_on("ece408") and fashion_only.runs_on("ece408") and not cifar_only.runs_on("ece408")
+    assert fashion_only.runs_on("fashion") and not fashion_only.runs_on("cifar10") and cifar_only.runs_on("cifar10")
+    assert "ece408" not in both.nets  # the grader's contract (variant.nets) never needs the unshipped weights
+
+
+def test_the_course_weights_are_found_under_labkit_data(params_file):
+    found = load_weights("ece408")
+    given = load_weights("ece408", params_file)
+    assert found.keys() == given.keys() and all(np.array_equal(found[k], given[k]) for k in found)
+    code, out = run_cli("run", "--net", "ece408", "--images", "5")
+    assert code == 0, out
+    assert "weights $LABKIT_DATA/ece408-model/ece408-sp19-0002.params" in out
+    assert re.search(r"^Correctness: (0\.\d{4}|1\.0000) Model: ece408$", out, re.M)
+
+
+def test_bench_runs_a_stages_fashion_kernels_on_ece408(params_file, tmp_path):
+    rows = bench.bench(["06"], nets=["ece408"], images=(2,), out=tmp_path / "out", repeat=1, progress=False,
+                       baselines=True, command="pytest ece408 bench", skip=["*divergent"])  # one kernel is enough
+    timed = [r for r in rows if r["stage"] == "06 const_uniform"]
+    assert {r["net"] for r in rows} == {"ece408"} and len(timed) == 1
+    assert timed[0]["checks"] == "PASS" and timed[0]["total_s"] > 0 and set(timed[0]["layer_seconds"]) >= {"conv1",
+                                                                                                          "conv2"}
+    assert bench.REFERENCE_STAGE in [r["stage"] for r in rows]
+
+
+def test_bench_without_the_course_weights_is_one_line(no_course_data):
+    with pytest.raises(bench.BenchError) as info:
+        bench.validate(None, ["ece408"], None, lk.stages.solutions_folder())
+    assert str(info.value) == f"--nets ece408: {NOT_SHIPPED['ece408']}"
