@@ -91,7 +91,8 @@ def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
               help="Images to run (default: 1200 for cifar10, 10000 for fashion and ece408).")
 @click.option("--weights", type=click.Path(exists=True, path_type=Path), default=None,
               help="An .npz file, a folder of the C study's layerN_*.txt files, or the ECE408 project's MXNet "
-                   ".params file for --net ece408 (default: the kit's own; none is shipped for ece408).")
+                   ".params file for --net ece408 (default: the kit's own; for ece408, of which none is shipped, "
+                   "ece408-model/ece408-sp19-0002.params under $LABKIT_DATA or the other data folders).")
 @click.option("--download/--no-download", default=True, show_default=True,
               help="Download the dataset if it is not found locally.")
 @click.option("--synthetic", is_flag=True, help="Run on synthetic inputs even if data is present.")
@@ -131,15 +132,19 @@ def _csv_list(value: str | None) -> list[str] | None:
 @main.command()
 @click.option("--stages", default=None, help="Stage numbers, comma-separated (default: every stage with VARIANTS).")
 @click.option("--nets", default=None, help="Networks, comma-separated (default: each variant's own; ece408 runs every "
-              "stage's fashion kernels, with the course's weights from $LABKIT_DATA/ece408-model).")
+              "stage's fashion kernels, with the course's weights found as ece408-model/ece408-sp19-0002.params under "
+              "$LABKIT_DATA or the other data folders).")
 @click.option("--images", default=None, help="Image counts, comma-separated (e.g. 1200,50000; default: each net's own "
-              "workloads: 1200,50000 for cifar10 and 100,1000,10000 for fashion).")
+              "workloads: 1200,50000 for cifar10 and 100,1000,10000 for fashion and ece408).")
 @click.option("--notebooks", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Folder of stage notebooks (default: solutions/).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for ledger.jsonl, bench.csv, bench.json, summary.md and plots (default: results/scratch).")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed runs per variant after the warm-up; per-layer medians are reported.")
+@click.option("--budget", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds of timed runs per row: no further run starts once a row's runs add up to this (at least "
+                   "one runs; the table's runs column says how many did).")
 @click.option("--per-image-max", type=click.IntRange(min=1), default=1200, show_default=True,
               help="Largest image count for per-image variants.")
 @click.option("--cpu-max", type=click.IntRange(min=1), default=1200, show_default=True,
@@ -147,7 +152,7 @@ def _csv_list(value: str | None) -> list[str] | None:
 @click.option("--skip", default=None, help="Variant names to leave out, comma-separated (shell patterns, e.g. "
               "'cpu_prange_reduction' or '02 cpu_*'); they are listed as skipped.")
 @click.option("--no-baselines", is_flag=True, help="Skip the numpy reference and cuDNN rows.")
-def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, skip, no_baselines):
+def bench(stages, nets, images, notebooks, out, repeat, budget, per_image_max, cpu_max, skip, no_baselines):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
     from . import bench as bench_mod
     from .stages import solutions_folder
@@ -157,7 +162,7 @@ def bench(stages, nets, images, notebooks, out, repeat, per_image_max, cpu_max, 
     try:
         chosen = bench_mod.validate(_csv_list(stages), _csv_list(nets), counts, folder)
         rows = bench_mod.bench(chosen, _csv_list(nets), counts, folder, out, repeat,
-                               bench_mod.Limits(per_image_max, cpu_max), baselines=not no_baselines,
+                               bench_mod.Limits(per_image_max, cpu_max, budget_s=budget), baselines=not no_baselines,
                                skip=_csv_list(skip))
     except bench_mod.BenchError as exc:
         raise click.ClickException(str(exc)) from None

@@ -46,7 +46,9 @@ def shipped_weights_path(net: str | Net) -> Path:
 def load_weights(net: str | Net, path: str | Path | None = None) -> dict[str, np.ndarray]:
     """Load weights for ``net`` as float32: the kit's shipped file by default, an ``.npz``, a folder of
     the C study's text files (``layer1_conv.txt`` ...), or an MXNet ``.params`` file (``ece408``). float16-stored
-    layers are upcast here, so every figure the kit computes comes from the weights as loaded."""
+    layers are upcast here, so every figure the kit computes comes from the weights as loaded. A net whose weights
+    the kit does not ship (``NOT_SHIPPED``: ece408) loads, when no path is given, the course's file from the data
+    search roots (``course_weights``), else raises FileNotFoundError with its ``NOT_SHIPPED`` line."""
     net = get_net(net)
     if path is None and net.name in NOT_SHIPPED:
         path = course_weights(net.name)
@@ -179,10 +181,11 @@ def load_c_study_weights(folder: str | Path, net: str | Net = "cifar10") -> dict
 
 #: nets whose trained weights the kit does not ship, and where to get them (one line, the error without them)
 NOT_SHIPPED = {
-    "ece408": ("labkit ships no weights for ece408 (the ECE408 course's trained model, licence unknown): get "
-               "models/ece408-0002.params from github.com/illinois-impact/ece408_mxnet_docker (branch 2019sp; the "
-               "course data folder has it as ece408-model/ece408-sp19-0002.params, which labkit finds under "
-               "$LABKIT_DATA) and load it with --weights PATH/ece408-sp19-0002.params (weights=PATH in Python)"),
+    "ece408": ("labkit ships no weights for ece408 (the ECE408 course's trained model, licence unknown) and found "
+               "none: it looks for ece408-model/ece408-sp19-0002.params (the course data folder's copy) under the "
+               "data search roots ($LABKIT_DATA, the repository's data/, the user cache). Get "
+               "models/ece408-0002.params from github.com/illinois-impact/ece408_mxnet_docker (branch 2019sp) and save "
+               "it as that file, or load it with --weights PATH/ece408-sp19-0002.params (weights=PATH in Python)"),
 }
 
 #: where the course's data folder keeps the weights the kit does not ship (under a data search root)
@@ -190,14 +193,14 @@ COURSE_WEIGHTS = {"ece408": "ece408-model/ece408-sp19-0002.params"}
 
 
 def course_weights(net: str) -> Path | None:
-    """The course's weights file for ``net`` in the data search roots ($LABKIT_DATA first), or None."""
-    from .data import find_folder
+    """The course's weights file for ``net`` (``COURSE_WEIGHTS``) in the first data search root that has it
+    (``labkit.data.search_roots``: $LABKIT_DATA, the repository's data/, the user cache), or None."""
+    from .data import search_roots
 
-    if net not in COURSE_WEIGHTS:
+    rel = COURSE_WEIGHTS.get(net)
+    if rel is None:
         return None
-    folder, name = COURSE_WEIGHTS[net].split("/")
-    found = find_folder(folder)
-    return found / name if found is not None and (found / name).is_file() else None
+    return next((root / rel for _, root in search_roots() if (root / rel).is_file()), None)
 
 
 #: MXNet argument names of each importable net -> the kit's weight keys

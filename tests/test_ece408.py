@@ -17,8 +17,10 @@ from click.testing import CliRunner
 import labkit as lk
 from labkit import bench, check, data, device, gpu, reference, report, simulator, workloads
 from labkit.cli import main
+from labkit.layers import impl_for
 from labkit.nets import ECE408, FASHION, NETS
-from labkit.weights_io import MXNET_NAMES, NOT_SHIPPED, load_mxnet_params, load_weights, read_mxnet_params
+from labkit.weights_io import (MXNET_NAMES, NOT_SHIPPED, course_weights, load_mxnet_params, load_weights,
+                               read_mxnet_params)
 
 from buggy_kernels import device_conv  # noqa: E402  (after labkit, which makes a late NUMBA_ENABLE_CUDASIM count)
 
@@ -275,8 +277,13 @@ def test_real_inputs_match_pinned_values(fashion_root):
 
 @pytest.fixture
 def no_course_data(monkeypatch, tmp_path):
-    """Data search roots that hold nothing: the ECE408 weights are nowhere."""
-    monkeypatch.setattr(data, "search_roots", lambda: [("$LABKIT_DATA", tmp_path)])
+    """LABKIT_DATA unset and the other data search roots (the repository's data/, the user cache) empty folders:
+    the ECE408 weights are nowhere."""
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    monkeypatch.setattr(data, "REPO_DATA", tmp_path / "repo-data")
+    monkeypatch.setattr(data, "user_cache", lambda: tmp_path / "user-cache")
+    assert [label for label, _ in data.search_roots()] == ["repository data/", "user cache"]
+    assert course_weights("ece408") is None
 
 
 def test_no_shipped_weights_is_one_clear_line(no_course_data):
@@ -373,34 +380,117 @@ def test_whole_net_on_the_device_path():
 
 
 def test_variants_run_ece408_through_fashions_kernels():
-    assert ECE408.kernels_of == "fashion" and FASHION.kernels_of == "" and simulator.net("ece408").kernels_of == "fashion"
-    both, fashion_only, cifar_only = lk.Variant(), lk.Variant(nets=("fashion",)), lk.Variant(nets=("cifar10",))
-    assert both.runs_on("ece408") and fashion_only.runs_on("ece408") and not cifar_only.runs_on("ece408")
-    assert fashion_only.runs_on("fashion") and not fashion_only.runs_on("cifar10") and cifar_only.runs_on("cifar10")
-    assert "ece408" not in both.nets  # the grader's contract (variant.nets) never needs the unshipped weights
+    assert ECE408.kernels_of == "fashion" and FASHION.kernels_of == "" and lk.get_net("cifar10").kernels_of == ""
+    assert simulator.net("ece408").kernels_of == "fashion"  # the simulator's shrunk copy keeps it
+    variants = {"both": lk.Variant(), "fashion": lk.Variant(nets=("fashion",)),
+                "cifar10": lk.Variant(nets=("cifar10",))}
+    truth = {("both", "cifar10"): True, ("both", "fashion"): True, ("both", "ece408"): True,
+             ("fashion", "cifar10"): False, ("fashion", "fashion"): True, ("fashion", "ece408"): True,
+             ("cifar10", "cifar10"): True, ("cifar10", "fashion"): False, ("cifar10", "ece408"): False}
+    assert {(v, net): variants[v].runs_on(net) for v, net in truth} == truth
+    assert lk.Variant(nets=("ece408",)).runs_on("ece408") and not lk.Variant(nets=("ece408",)).runs_on("fashion")
+    with pytest.raises(ValueError, match="unknown network"):
+        variants["both"].runs_on("imagenet")
+    assert "ece408" not in lk.Variant().nets  # the grader's contract (variant.nets) never needs the unshipped weights
 
 
-def test_the_course_weights_are_found_under_labkit_data(params_file):
+def _stages_with_variants() -> list[str]:
+    """Stage numbers whose solution notebook has kernel cells defining VARIANTS (read, not run: collection stays
+    fast)."""
+    from labkit.nbcells import NotebookError, read, tagged_cells
+
+    def has_variants(path) -> bool:
+        try:
+            return any("VARIANTS" in src for _, src in tagged_cells(read(path)))
+        except NotebookError:
+            return True  # unreadable: its test says why, collection goes on
+
+    folder = lk.stages.solutions_folder()
+    return [n for n, s in lk.stages.STAGES.items()
+            if (folder / s.notebook).is_file() and has_variants(folder / s.notebook)]
+
+
+@pytest.mark.parametrize("stage", _stages_with_variants())
+def test_every_stages_fashion_kernels_pass_their_checks_on_ece408(stage):
+    """Each variant of the stage's solution that runs fashion passes the self-checks on ece408 (on the simulator its
+    shrunk copy, batches 1 and 3): every layer it computes, then its whole forward pass. CPU and per-image variants
+    included (a few seconds each); variants that need cupy say why they cannot run here and are left out."""
+    variants = lk.stages.load_variants(lk.stages.solutions_folder() / lk.stages.STAGES[stage].notebook)
+    runs = {name: v for name, v in variants.items() if v.runs_on("ece408")}
+    assert runs.keys() == {name for name, v in variants.items() if "fashion" in v.nets}
+    checked, done = [], {}
+    for name, variant in runs.items():
+        if variant.unavailable():
+            assert "cupy" in variant.requires
+            continue
+        results = check.check_variant(variant, "ece408", quiet=True, batches=(1, 3), done=done)
+        failed = [str(r) for r in results if not r.passed]
+        assert not failed, f"{variant.label} on ece408: {failed}"
+        names = [r.name for r in results]
+        covered = {layer for n in names for layer in n.split("+")}  # a fused group checks all of its layers
+        computed = {ly.name for ly in ECE408.layers if impl_for(variant.impls, ly) is not None} - {"flatten"}
+        assert {"conv1", "conv2"} <= computed <= covered, (variant.label, names)
+        assert names[-1] == "ece408 forward", (variant.label, names)
+        checked.append(name)
+    assert checked, f"stage {stage}: no variant that runs fashion could be checked here"
+
+
+def test_the_course_weights_are_found_under_labkit_data(params_file, fashion_root):
+    """No --weights: the file under $LABKIT_DATA, the same arrays as loading it by path, and `labkit run` prints the
+    Correctness the kit computes from them (the numpy reference on the same 100 images), never a typed figure."""
+    assert course_weights("ece408") == params_file
     found = load_weights("ece408")
     given = load_weights("ece408", params_file)
     assert found.keys() == given.keys() and all(np.array_equal(found[k], given[k]) for k in found)
-    code, out = run_cli("run", "--net", "ece408", "--images", "5")
+    code, out = run_cli("run", "--net", "ece408", "--images", "100")
     assert code == 0, out
     assert "weights $LABKIT_DATA/ece408-model/ece408-sp19-0002.params" in out
-    assert re.search(r"^Correctness: (0\.\d{4}|1\.0000) Model: ece408$", out, re.M)
+    printed = re.search(r"^Correctness: (0\.\d{4}|1\.0000) Model: ece408$", out, re.M)
+    assert printed, out
+    x, stored = data.load_inputs("ece408", 100)
+    expected = reference.accuracy(reference.predict(reference.forward(ECE408, given, x)), stored.labels)
+    assert printed.group(1) == f"{expected:.4f}"
 
 
-def test_bench_runs_a_stages_fashion_kernels_on_ece408(params_file, tmp_path):
-    rows = bench.bench(["06"], nets=["ece408"], images=(2,), out=tmp_path / "out", repeat=1, progress=False,
-                       baselines=True, command="pytest ece408 bench", skip=["*divergent"])  # one kernel is enough
-    timed = [r for r in rows if r["stage"] == "06 const_uniform"]
-    assert {r["net"] for r in rows} == {"ece408"} and len(timed) == 1
-    assert timed[0]["checks"] == "PASS" and timed[0]["total_s"] > 0 and set(timed[0]["layer_seconds"]) >= {"conv1",
-                                                                                                          "conv2"}
-    assert bench.REFERENCE_STAGE in [r["stage"] for r in rows]
+def test_bench_runs_a_stages_fashion_kernels_on_ece408(params_file, fashion_root, tmp_path):
+    rows = bench.bench(["05"], nets=["ece408"], images=(2,), out=tmp_path / "out", repeat=1, progress=False,
+                       baselines=True, command="pytest ece408 bench", skip=["*_16"])  # one kernel is enough
+    assert {r["net"] for r in rows} == {"ece408"}
+    (timed,) = [r for r in rows if r["stage"] == "05 tiled_8"]
+    assert timed["checks"] == "PASS" and not timed["check_failures"] and "error" not in timed, timed
+    assert timed["total_s"] > 0 and set(timed["layer_seconds"]) >= {"conv1", "conv2"}
+    assert timed["workload"].startswith("ece408: 2 fashion" if ON_GPU else "simulated: ece408-mini"), timed
+    assert timed["predictions_equal"] is True
+    (left_out,) = [r for r in rows if r["stage"] == "05 tiled_16"]
+    assert left_out["skipped"] == "left out by --skip"
+    (ref,) = [r for r in rows if r["stage"] == bench.REFERENCE_STAGE]  # real ece408, the course's weights, real images
+    assert ref["workload"].startswith("ece408: 2 fashion test images from $LABKIT_DATA") and ref["accuracy"] is not None
+    assert (tmp_path / "out" / "bench.csv").read_text().count("ece408") == len(rows)
 
 
-def test_bench_without_the_course_weights_is_one_line(no_course_data):
+def test_bench_jobs_and_workloads_per_net(tmp_path):
+    """Which (variant, net, images) rows the bench makes, without running any (every variant left out by --skip):
+    --nets ece408 takes every variant that runs it, at ece408's own workloads; no --nets, each variant's own nets."""
+    def jobs(nets):
+        rows = bench.bench(["09"], nets=nets, out=tmp_path / str(nets), progress=False, baselines=False,
+                           command="pytest", skip=["*"])
+        assert all(r["skipped"] == "left out by --skip" for r in rows)
+        return {(r["variant"], r["net"], r["images"]) for r in rows}
+
+    variants = lk.stages.load_variants(lk.stages.solutions_folder() / "09_per_layer_tuning.ipynb")
+    on_ece408 = [name for name, v in variants.items() if v.runs_on("ece408")]
+    assert "tuned_fashion" in on_ece408 and "tuned_cifar10" not in on_ece408
+    assert ECE408.workloads == FASHION.workloads == (100, 1000, 10000)
+    assert jobs(["ece408"]) == {(name, "ece408", n) for name in on_ece408 for n in ECE408.workloads}
+    assert jobs(None) == {(name, net, n) for name, v in variants.items() for net in v.nets
+                          for n in lk.get_net(net).workloads}
+
+
+def test_bench_without_the_course_weights_is_one_line(no_course_data, tmp_path):
     with pytest.raises(bench.BenchError) as info:
         bench.validate(None, ["ece408"], None, lk.stages.solutions_folder())
-    assert str(info.value) == f"--nets ece408: {NOT_SHIPPED['ece408']}"
+    assert str(info.value) == f"--nets ece408: {NOT_SHIPPED['ece408']}" and "\n" not in str(info.value)
+    bench.validate(None, ["fashion"], None, lk.stages.solutions_folder())  # the other nets need no such file
+    code, out = run_cli("bench", "--nets", "ece408", "--images", "2", "--out", str(tmp_path / "out"))
+    assert code != 0 and len(out.strip().splitlines()) == 1 and NOT_SHIPPED["ece408"] in out, out
+    assert not (tmp_path / "out").exists()  # refused before anything ran
