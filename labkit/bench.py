@@ -43,6 +43,7 @@ class Limits:
     cpu: int = 1200  # CPU variants (numba)
     cpu_repeat: int = 1  # CPU variants take seconds per run: fewer timed runs
     per_image_repeat: int = 1  # so do per-image variants (a launch per layer and image)
+    budget_s: float = 10.0  # no further timed run of a row once its runs add up to this (each row says how many ran)
 
 
 class BenchError(Exception):
@@ -181,7 +182,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                     ref_pred = ref_run.predictions
                     times = (limits.cpu_repeat if variant.target == "cpu" else
                              limits.per_image_repeat if variant.per_image else repeat)
-                    r = run(wl, variant, label=label, quiet=True, repeat=times)
+                    r = run(wl, variant, label=label, quiet=True, repeat=times, budget_s=limits.budget_s)
                     rep, preds = r.report, r.predictions
                     ledger.record(rep, command=command)
                     ref_acc = None if wl.labels is None else reference.accuracy(ref_pred, wl.labels)
@@ -401,9 +402,10 @@ def _yes_no(value) -> str:
 
 def table(rows: list[dict]) -> str:
     """Stage ladder as text: one line per run; speedup over the baseline of the same net and image count
-    (``labkit.stages.speedup_baseline``: the numpy reference when it ran)."""
+    (``labkit.stages.speedup_baseline``: the numpy reference when it ran); ``runs``: the timed runs its times are
+    the median of."""
     lines = [f"{'stage':<34} {'net':<8} {'images':>6} {'check':<5} {'total s':>10} {'conv s':>10} "
-             f"{'conv GF/s':>9} {'conv GB/s':>9} {'speedup':>8} {'accuracy':>8} {'=ref':>4}"]
+             f"{'conv GF/s':>9} {'conv GB/s':>9} {'speedup':>8} {'accuracy':>8} {'=ref':>4} {'runs':>4}"]
     timed: dict = {}
     for r in rows:
         if "total_s" in r:
@@ -420,5 +422,5 @@ def table(rows: list[dict]) -> str:
         gb = "-" if r.get("conv_gbs") is None else f"{r['conv_gbs']:.1f}"
         lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} "
                      f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {gf:>9} {gb:>9} {base[key] / r['total_s']:>7.1f}x "
-                     f"{acc:>8} {_yes_no(r.get('predictions_equal')):>4}")
+                     f"{acc:>8} {_yes_no(r.get('predictions_equal')):>4} {r.get('runs', '?'):>4}")
     return "\n".join(lines)

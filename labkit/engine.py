@@ -169,13 +169,19 @@ def clock_method(variant: Variant) -> str:
 
 
 def time_passes(net: Net, variant: Variant, prepared: Prepared, repeat: int, warmup: bool = True,
-                clock_factory=None) -> tuple[np.ndarray, list[dict[str, float]]]:
-    """Warm up on one image (compiles every function), then ``repeat`` timed passes; per-layer seconds of each."""
+                clock_factory=None, budget_s: float | None = None) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """Warm up on one image (compiles every function), then ``repeat`` timed passes; per-layer seconds of each.
+
+    ``budget_s``: no further pass starts once the timed passes so far add up to this many seconds (at least one
+    runs), so a pass of minutes is timed once or twice rather than ``repeat`` times; the caller reports how many ran.
+    """
     make_clock = clock_factory or (lambda: Clock(clock_method(variant)))
     if warmup:
         forward(net, variant, prepared.first(1))
     passes, probs = [], None
     for _ in range(repeat):
+        if budget_s is not None and passes and sum(sum(p.values()) for p in passes) >= budget_s:
+            break
         clock = make_clock()
         probs = forward(net, variant, prepared, clock=clock)
         passes.append(clock.seconds())
@@ -188,20 +194,21 @@ def median_seconds(passes: list[dict[str, float]]) -> dict[str, float]:
 
 def run(wl: Workload, variant=None, *, per_image: bool | None = None, arrays: str | None = None,
         label: str | None = None, warmup: bool = True, repeat: int = 1, quiet: bool = False,
-        record: bool | Ledger = False, command: str | None = None) -> NetRun:
+        record: bool | Ledger = False, command: str | None = None, budget_s: float | None = None) -> NetRun:
     """Time the forward pass of ``wl`` with ``variant`` (a ``labkit.Variant``, a dict of layer functions, or None
     for the numpy reference) and print the report in the network's format with its throughput.
 
     ``repeat`` timed passes after a warm-up on one image: the report holds the per-layer medians and the range of
     the totals. ``per_image`` and ``arrays`` override the variant's. ``record=True`` appends the report to the
-    results ledger (or to the ``Ledger`` given)."""
+    results ledger (or to the ``Ledger`` given). ``budget_s`` ends the repeats early (``time_passes``); the report's
+    ``runs`` says how many ran."""
     v = as_variant(variant)
     if per_image is not None or arrays is not None:
         v = replace(v, per_image=v.per_image if per_image is None else per_image, arrays=arrays or v.arrays)
     if repeat < 1:
         raise ValueError(f"run: repeat must be at least 1, got {repeat}")
     prepared = prepare(wl.net, v, wl.x, wl.weights)
-    probs, passes = time_passes(wl.net, v, prepared, repeat, warmup)
+    probs, passes = time_passes(wl.net, v, prepared, repeat, warmup, budget_s=budget_s)
     totals = [sum(p.values()) for p in passes]
     predictions = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
@@ -210,7 +217,7 @@ def run(wl: Workload, variant=None, *, per_image: bool | None = None, arrays: st
 
     report = RunReport(net=wl.net.name, images=wl.images, layer_seconds=median_seconds(passes),
                        accuracy=acc, device=device_label(), simulated=wl.simulated, synthetic=wl.synthetic,
-                       stage=label or v.label, method=resolve_method(clock_method(v)), runs=repeat,
+                       stage=label or v.label, method=resolve_method(clock_method(v)), runs=len(passes),
                        total_range=(min(totals), max(totals)))
     result = NetRun(report, probs, predictions)
     if record:

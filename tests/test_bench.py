@@ -113,12 +113,14 @@ def test_baseline_rows_and_files(benched):
 
 def test_table_speedups_are_over_the_first_timed_row_without_a_reference():
     rows = [{"stage": "a", "net": "cifar10", "images": 10, "checks": "PASS", "total_s": 2.0, "conv_s": 1.0,
-             "accuracy": 0.5, "predictions_equal": True},
+             "accuracy": 0.5, "predictions_equal": True, "runs": 3},
             {"stage": "b", "net": "cifar10", "images": 10, "checks": "FAIL", "skipped": "checks failed"},
             {"stage": "c", "net": "cifar10", "images": 10, "checks": "PASS", "total_s": 0.5, "conv_s": 0.25,
-             "accuracy": 0.5, "predictions_equal": False}]
+             "accuracy": 0.5, "predictions_equal": False, "runs": 1}]
     lines = bench.table(rows).splitlines()
-    assert "1.0x" in lines[1] and "checks failed" in lines[2] and "4.0x" in lines[3] and lines[3].endswith("NO")
+    assert lines[0].split()[-2:] == ["=ref", "runs"] and lines[1].split()[-2:] == ["yes", "3"]
+    assert "1.0x" in lines[1] and "checks failed" in lines[2] and "4.0x" in lines[3]
+    assert lines[3].split()[-2:] == ["NO", "1"]  # predictions differ; the median of one run
     assert np.isclose(float(lines[3].split()[4]), 0.5)
 
 

@@ -95,6 +95,33 @@ def test_repeated_passes_keep_medians_and_the_range():
     assert r.report.runs == 3 and lo <= r.report.total <= hi * 1.5 + 1e-3
 
 
+class _FixedClock:
+    """Each pass 'takes' one second per layer it times: a budget test independent of the machine's speed."""
+
+    def __init__(self):
+        self.names = []
+
+    def section(self, name):
+        self.names.append(name)
+        return engine.nullcontext()
+
+    def seconds(self):
+        return {name: 1.0 for name in self.names}
+
+
+@pytest.mark.parametrize("budget, runs", [(None, 5), (0.0, 1), (25.0, 3), (1e9, 5)])
+def test_a_time_budget_ends_the_repeats_early_and_the_report_counts_the_runs(budget, runs):
+    wl = small_workload(n=2)
+    v = lk.Variant({"conv": host_conv}, target="cpu")
+    prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
+    per_pass = len(wl.net.layers) - sum(ly.kind == "flatten" for ly in wl.net.layers)  # seconds of one pass
+    _, passes = engine.time_passes(wl.net, v, prepared, repeat=5, warmup=False, clock_factory=_FixedClock,
+                                   budget_s=None if budget is None else budget * per_pass / 10)
+    assert len(passes) == runs and all(sum(p.values()) == per_pass for p in passes)
+    real = lk.run(wl, {"conv": host_conv}, repeat=4, quiet=True, budget_s=0.0)
+    assert real.report.runs == 1  # a zero budget still times one run, and the report says one ran
+
+
 def test_check_mode_poisons_every_intermediate():
     seen = []
 

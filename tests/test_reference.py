@@ -74,6 +74,12 @@ def test_pool_relu_fc_softmax(rng):
     for i in range(2):
         for j in range(3):
             np.testing.assert_array_equal(pooled[:, :, i, j], x[:, :, 2 * i:2 * i + 2, 2 * j:2 * j + 2].max(axis=(2, 3)))
+    overlapping = reference.maxpool2d(x, 3, 2)  # windows that share a row and a column
+    assert overlapping.shape == (2, 3, 2, 3)
+    for i in range(2):
+        for j in range(3):
+            np.testing.assert_array_equal(overlapping[:, :, i, j],
+                                          x[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(2, 3)))
     np.testing.assert_array_equal(reference.relu(x), np.where(x > 0, x, 0))
     v = rng.standard_normal((4, 6))
     w, b = rng.standard_normal((3, 6)), rng.standard_normal(3)
