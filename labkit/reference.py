@@ -7,7 +7,9 @@ which is what the checks compare against. Large batches run in chunks so memory 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -15,6 +17,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from .nets import Layer, Net, get_net
 
 ACCUMULATE = {"float32": np.float32, "float64": np.float64}
+
+#: threads for the reference conv's chunks (each holds a 64 MB im2col buffer)
+CONV_THREADS = min(8, os.cpu_count() or 1)
 
 
 def _dtype(accumulate: str):
@@ -28,7 +33,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, pad: int =
            accumulate: str = "float32") -> np.ndarray:
     """``y[n, m, h, w] = b[m] + sum_{c,p,q} x[n, c, h*s+p-pad, w*s+q-pad] * w[m, c, p, q]`` (im2col + GEMM).
 
-    Runs in chunks of images so the im2col buffer stays near 64 MB whatever the batch size.
+    Runs in chunks of images so each im2col buffer stays near 64 MB whatever the batch size, the chunks on a few
+    threads (numpy's copies and BLAS release the GIL; the im2col copy is single-threaded otherwise). Each chunk is
+    the same GEMM whatever the thread count, so the result does not depend on it.
     """
     dt = _dtype(accumulate)
     n, c, h, wd = x.shape
@@ -39,7 +46,8 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, pad: int =
     wmat = w.reshape(m, c * k * k).astype(dt, copy=False).T
     out = np.empty((n, m, ho, wo), dtype=dt)
     step = max(1, (64 << 20) // max(1, ho * wo * c * k * k * np.dtype(dt).itemsize))
-    for i in range(0, n, step):
+
+    def chunk(i: int) -> None:
         xs = x[i:i + step].astype(dt, copy=False)
         if pad:
             xs = np.pad(xs, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
@@ -49,6 +57,15 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, pad: int =
         if b is not None:
             y += b.astype(dt, copy=False)
         out[i:i + step] = y.reshape(-1, ho, wo, m).transpose(0, 3, 1, 2)
+
+    starts = range(0, n, step)
+    workers = min(len(starts), CONV_THREADS)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(chunk, starts))  # list(): a chunk's exception comes through here
+    else:
+        for i in starts:
+            chunk(i)
     return out
 
 

@@ -132,12 +132,15 @@ def _weights(spec: Net, conv, rng) -> dict:
 
 
 def stored(net: str, images: int, dev: str | None = None) -> dict | None:
-    """The committed choice for ``net`` at ``images`` on a device (this one, or the newest recorded)."""
+    """The committed choice for ``net`` at ``images`` on ``dev``; without ``dev``, this device's when one is
+    recorded (a choice is only as good as the device it was timed on), else the newest recorded."""
     if not STORE.exists():
         return None
     data = json.loads(STORE.read_text())
     entries = [e for e in data.get("choices", []) if e["net"] == net and e["images"] == images
                and (dev is None or e["device"] == dev)]
+    if dev is None:
+        entries = [e for e in entries if e["device"] == device.label()] or entries
     return entries[-1] if entries else None
 
 

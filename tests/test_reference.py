@@ -67,6 +67,17 @@ def test_conv2d_chunking_does_not_change_results(rng):
                                                                       accumulate="float64"), rtol=1e-12)
 
 
+def test_conv2d_threads_do_not_change_results(rng, monkeypatch):
+    x = rng.standard_normal((700, 3, 32, 32)).astype(np.float32)  # four chunks of im2col in float32
+    wt = rng.standard_normal((5, 3, 5, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    monkeypatch.setattr(reference, "CONV_THREADS", 1)
+    serial = reference.conv2d(x, wt, b, 2)
+    monkeypatch.setattr(reference, "CONV_THREADS", 3)
+    np.testing.assert_array_equal(reference.conv2d(x, wt, b, 2), serial)
+    np.testing.assert_allclose(serial[[0, 699]], reference.conv2d(x[[0, 699]], wt, b, 2), rtol=1e-5, atol=1e-4)
+
+
 def test_pool_relu_fc_softmax(rng):
     x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
     pooled = reference.maxpool2d(x, 2, 2)

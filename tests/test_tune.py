@@ -55,3 +55,17 @@ def test_without_a_gpu_the_committed_choice_and_medians_are_shown_with_their_dev
     assert "1.5000 <-" in table and "FAIL" in table
     fig = tune.plot(t)
     assert "Some GPU" in fig.axes[0].get_title()
+
+
+def test_the_stored_choice_is_this_devices_when_one_is_recorded_else_the_newest(tmp_path, monkeypatch):
+    def entry(dev, kernel):
+        return {"net": "fashion", "images": 7, "device": dev, "date": "2026-01-02", "choice": {"conv1": kernel}}
+
+    store = tmp_path / "tuning.json"
+    monkeypatch.setattr(tune, "STORE", store)
+    store.write_text(json.dumps({"choices": [entry(device.label(), "here"), entry("Other GPU", "newest")]}))
+    assert tune.stored("fashion", 7)["choice"] == {"conv1": "here"}
+    assert tune.stored("fashion", 7, "Other GPU")["choice"] == {"conv1": "newest"}
+    store.write_text(json.dumps({"choices": [entry("Old GPU", "old"), entry("Other GPU", "newest")]}))
+    assert tune.stored("fashion", 7)["choice"] == {"conv1": "newest"}
+    assert tune.stored("fashion", 8) is None and tune.stored("cifar10", 7) is None
