@@ -78,7 +78,8 @@ def measure(save: bool = False, repeat: int = 20) -> Ceilings:
         x4, x5, x6, x7 = float32(t + 4), float32(t + 5), float32(t + 6), float32(t + 7)
         # one FFMA each (cuda.fma), with literal operands: with the registers a and b in every instruction an H200
         # measured 33.8 of its 66.9 TFLOP/s, below what the kit's own conv kernels reach (probably register-bank
-        # conflicts; this form is not re-measured yet, so no measured ceilings are committed)
+        # conflicts; in this form an H100 measured 30.0 of 66.9, still below the kit's tuned conv, so no measured
+        # ceilings are committed)
         for _ in range(iters):
             x0 = cuda.fma(x0, float32(0.999), float32(0.001))
             x1 = cuda.fma(x1, float32(0.999), float32(0.001))
