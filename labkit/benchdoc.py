@@ -17,7 +17,7 @@ from .ledger import repo_root
 from .stages import REFERENCE_LABEL
 
 PLOTS = ("ladder", "layers", "roofline")
-_ABSOLUTE = re.compile(r"(?<![\w.~$/-])/[^\s/`'\"|)\]]+(?:/[^\s/`'\"|)\]]+)*/?")
+_ABSOLUTE = re.compile(r"(?<![\w.~$/…-])/[^\s/`'\"|)\]]+(?:/[^\s/`'\"|)\]]+)*/?")
 
 HEADER = """# Benchmarks
 

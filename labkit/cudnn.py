@@ -1,6 +1,8 @@
 """The bar to beat: the same forward pass through PyTorch (cuDNN, fp32, TF32 off), timed layer by layer.
 
-Only where PyTorch is installed with a usable GPU; labkit never needs it otherwise.
+Only where PyTorch is installed with a usable GPU; labkit never needs it otherwise. ``precision`` runs the same
+pass with TF32 allowed or in half precision, to measure what the faster paths the kit does not take would cost in
+predictions (``precision_paths``).
 """
 
 from __future__ import annotations
@@ -41,17 +43,26 @@ def _layer_fn(layer, weights):
             "softmax": lambda x: torch.softmax(x, dim=1)}[layer.kind]
 
 
-def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3) -> tuple[RunReport, np.ndarray]:
-    """Per-layer median times (CUDA events) of the whole batch on the GPU, and the predictions."""
+PRECISIONS = ("fp32", "tf32", "fp16")
+
+
+def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3,
+                 precision: str = "fp32") -> tuple[RunReport, np.ndarray]:
+    """Per-layer median times (CUDA events) of the whole batch on the GPU, and the predictions. ``precision``:
+    "fp32" (TF32 off: the bench's baseline), "tf32" (TF32 allowed in convolutions and matrix products) or "fp16"
+    (inputs and weights in half precision)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     import torch
 
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda")
-    weights = {k: torch.from_numpy(v).to(dev) for k, v in wl.weights.items()}
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    weights = {k: torch.from_numpy(v).to(dev, dtype) for k, v in wl.weights.items()}
     fns = [(layer.name, _layer_fn(layer, weights)) for layer in wl.net.layers]
-    x0 = torch.from_numpy(wl.x).to(dev)
+    x0 = torch.from_numpy(wl.x).to(dev, dtype)
     times: dict[str, list[float]] = {name: [] for name, _ in fns}
     with torch.inference_mode():
         for i in range(warmup + repeat):
@@ -64,7 +75,7 @@ def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3) -> tuple[RunRe
                 end.synchronize()
                 if i >= warmup:
                     times[name].append(start.elapsed_time(end) / 1e3)
-        probs = y.cpu().numpy()
+        probs = y.float().cpu().numpy()
     times.pop("flatten", None)
     totals = [sum(times[name][i] for name in times) for i in range(repeat)]
     preds = reference.predict(probs)
@@ -72,6 +83,21 @@ def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3) -> tuple[RunRe
     report = RunReport(net=wl.net.name, images=wl.images,
                               layer_seconds={k: median(v) for k, v in times.items()}, accuracy=acc,
                               device=device.label(), simulated=False, synthetic=wl.synthetic,
-                              stage=f"cuDNN (PyTorch {torch.__version__})", method="cuda-events", runs=repeat,
+                              stage=f"cuDNN (PyTorch {torch.__version__})" + ("" if precision == "fp32" else
+                                                                              f", {precision}"),
+                              method="cuda-events", runs=repeat,
                        total_range=(min(totals), max(totals)))
     return report, preds
+
+
+def precision_paths(wl: Workload, reference_predictions: np.ndarray, repeat: int = 10) -> list[dict]:
+    """The cuDNN pass in fp32, with TF32 and in fp16 on one workload: median total and conv seconds, and how many
+    images' predictions differ from the numpy reference's (what a faster path would cost; the kit stays fp32)."""
+    rows = []
+    for precision in PRECISIONS:
+        report, preds = time_forward(wl, repeat=repeat, precision=precision)
+        conv = sum(s for name, s in report.layer_seconds.items() if wl.net.layer(name).kind == "conv")
+        rows.append({"precision": precision, "net": wl.net.name, "images": wl.images, "total_s": report.total,
+                     "conv_s": conv, "accuracy": report.accuracy,
+                     "predictions_differing": int(np.count_nonzero(preds != reference_predictions))})
+    return rows

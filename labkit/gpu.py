@@ -145,12 +145,37 @@ def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
 
 def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
     """Launch a CUDA C kernel of a ``cupy.RawModule`` (``kernel(grid, block, args)``), counted and recorded like
-    every other launch."""
+    every other launch. Array arguments may be cupy arrays or any C-contiguous device array (numba's, PyTorch's):
+    those go in as their device pointers, because wrapping each in a cupy array costs tens of microseconds a
+    launch, which a timing of a millisecond kernel would otherwise include."""
     grid, block = _dims(grid), _dims(block)
+    args = tuple(_raw_arg(a, i) for i, a in enumerate(args))
     n_blocks, per_block = math.prod(grid), math.prod(block)
     return _recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0,
                      lambda: kernel(grid, block, args, shared_mem=shared_bytes), blocks=n_blocks,
                      threads=n_blocks * per_block, kernel=kernel)
+
+
+def _raw_arg(a, i: int):
+    """A kernel argument as cupy takes it: cupy arrays and scalars as they are, another device array as its
+    pointer (a 64-bit integer is what a ``float*`` parameter holds)."""
+    if isinstance(a, (int, float, np.generic)) or type(a).__module__.startswith("cupy"):
+        return a
+    pointer = getattr(a, "device_ctypes_pointer", None)  # numba's arrays: the pointer without building the interface
+    if pointer is not None and a.is_c_contiguous():
+        return np.uint64(pointer.value or 0)
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(f"launch_raw: argument {i} is a {type(a).__name__}, not a device array or a scalar; "
+                        f"copy host arrays to the device first (lk.gpu.to_device)")
+    strides, shape = cai.get("strides"), cai["shape"]
+    if strides is not None and any(n > 1 for n in shape):
+        item = np.dtype(cai["typestr"]).itemsize
+        dense = tuple(item * math.prod(shape[k + 1:]) for k in range(len(shape)))
+        if any(s != d for s, d, n in zip(strides, dense, shape) if n > 1):
+            raise ValueError(f"launch_raw: argument {i} (shape {tuple(shape)}) is not C-contiguous; a kernel on a "
+                             f"flat pointer would read it wrongly: pass a contiguous copy")
+    return np.uint64(cai["data"][0])
 
 
 def memory_use(kernel) -> dict[str, int]:

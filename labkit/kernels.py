@@ -92,10 +92,50 @@ def _make_fc(BM: int, BN: int, TM: int, TN: int, BK: int = 16):
     return fc_tiled
 
 
-#: (images, features, per-thread images, per-thread features): narrow tiles for a few classes (CIFAR's fc, every
-#: net's last layer), square ones for a wide layer (Fashion's fc1 has 160 features)
-_FC_NARROW, _FC_WIDE = _make_fc(128, 16, 8, 1), _make_fc(64, 64, 4, 4)
+#: (images, features, per-thread images, per-thread features): square tiles for a wide layer (Fashion's fc1 has 160
+#: features); a few features go to ``_fc_warp``
+_FC_WIDE = _make_fc(64, 64, 4, 4)
 FC_TILED_FROM = 64  # images: fewer fill one tile's rows poorly, and a thread per output is then as fast
+
+
+FC_WARP_MAX = 16  # outputs: up to this many, a warp per image (each lane keeps one sum per output)
+FC_WARP_BLOCK = 128  # threads per block of the warp-per-image kernel: four images
+_FC_WARP: dict = {}
+
+
+def _fc_warp(outputs: int):
+    """out = x @ w.T + b with a warp per image, for many images and few outputs (every net's last layer, CIFAR's
+    only fc): the lanes read the image's inputs side by side (coalesced), each keeps a partial sum per output, and
+    lane ``o`` then adds up output ``o``'s 32 partial sums from shared memory. The input is read once, at full
+    bandwidth; the tile kernel's 64-feature tiles would leave most of their work idle on ten outputs."""
+    if outputs not in _FC_WARP:
+        warps = FC_WARP_BLOCK // 32
+
+        @cuda.jit
+        def fc_warp(x, w, b, out):
+            N, IN = x.shape
+            part = cuda.shared.array((warps, outputs, 33), float32)  # 33: lane o's reads of row o miss no bank
+            lane, wi = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+            n = cuda.blockIdx.x * warps + wi
+            acc = cuda.local.array(outputs, float32)
+            for o in range(outputs):
+                acc[o] = float32(0.0)
+            if n < N:
+                for k in range(lane, IN, 32):
+                    v = x[n, k]
+                    for o in range(outputs):
+                        acc[o] += v * w[o, k]
+            for o in range(outputs):
+                part[wi, o, lane] = acc[o]
+            cuda.syncthreads()
+            if n < N and lane < outputs:
+                s = float32(0.0)
+                for j in range(32):
+                    s += part[wi, lane, j]
+                out[n, lane] = s + b[lane]
+
+        _FC_WARP[outputs] = fc_warp
+    return _FC_WARP[outputs]
 
 
 @cuda.jit
@@ -145,7 +185,11 @@ def maxpool(x, out, kernel, stride):
 def fc(x, w, b, out):
     if x.shape[0] < FC_TILED_FROM:
         return gpu.launch(_fc, out.size, x, w, b, out)
-    kernel = _FC_NARROW if w.shape[0] <= 16 else _FC_WIDE
+    if w.shape[0] <= FC_WARP_MAX:
+        images_per_block = FC_WARP_BLOCK // 32
+        return gpu.launch_grid(_fc_warp(w.shape[0]), gpu.blocks(x.shape[0], images_per_block), FC_WARP_BLOCK,
+                               x, w, b, out)
+    kernel = _FC_WIDE
     bm, bn, threads = kernel.tile
     gpu.launch_grid(kernel, (gpu.blocks(x.shape[0], bm), gpu.blocks(w.shape[0], bn)), threads, x, w, b, out)
 

@@ -36,6 +36,11 @@ class Results:
         return str(self.meta.get("date", "?"))[:10]
 
     @property
+    def stamp(self) -> str:
+        """The date with its time where one is recorded: two folders of one day are ordered by it."""
+        return str(self.meta.get("date", "?"))
+
+    @property
     def where(self) -> str:
         """The folder as the repository names it."""
         try:
@@ -75,7 +80,7 @@ def load(folder: str | Path) -> Results:
 def all_results(root: Path = RESULTS) -> list[Results]:
     """Every committed results folder with GPU runs, newest first."""
     found = [load(p) for p in sorted(root.glob("*/")) if any(p.glob("**/ledger*.jsonl"))]
-    return sorted([r for r in found if r.reports], key=lambda r: r.date, reverse=True)
+    return sorted([r for r in found if r.reports], key=lambda r: r.stamp, reverse=True)
 
 
 def latest(stage: str | None = None, root: Path = RESULTS) -> Results | None:

@@ -368,3 +368,19 @@ def test_cli_bench_doc(benched, tmp_path):
     (bad / "bench.json").write_text("[1, 2]")
     result = CliRunner().invoke(main, ["bench-doc", str(out), str(bad), "--doc", str(tmp_path / "other.md")])
     assert result.exit_code != 0 and "expected" in result.output and not (tmp_path / "other.md").exists()
+
+
+def test_scrubbing_recorded_paths_is_idempotent():
+    from labkit.benchdoc import _scrub
+
+    once = _scrub("labkit bench --out /somewhere/else/bench --skip x")
+    assert once == "labkit bench --out …/bench --skip x"
+    assert _scrub(once) == once  # a results file already scrubbed is shown as it is
+
+
+def test_cudnn_precision_is_one_of_the_three_paths():
+    from labkit import cudnn
+
+    assert cudnn.PRECISIONS == ("fp32", "tf32", "fp16")
+    with pytest.raises(ValueError, match="precision must be one of fp32, tf32, fp16, not 'bf16'"):
+        cudnn.time_forward(None, precision="bf16")  # refused before PyTorch or a GPU is needed

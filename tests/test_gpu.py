@@ -148,3 +148,32 @@ def test_cuda_c_source_that_is_still_the_todo_stub_is_not_compiled():
     source = 'extern "C" __global__ void k(float* out) {\n    return;  // replace this line with your code\n}'
     with pytest.raises(NotImplementedError, match="the CUDA C source: replace this line with your code"):
         gpu.raw_module(source)
+
+
+class _Interface:
+    """A device array as another library shows it: only ``__cuda_array_interface__``."""
+
+    def __init__(self, pointer, shape, strides=None):
+        self.__cuda_array_interface__ = {"data": (pointer, False), "shape": shape, "strides": strides,
+                                         "typestr": "<f4", "version": 3}
+
+
+def test_raw_kernel_arguments_are_pointers_scalars_or_refused():
+    dense = gpu._raw_arg(_Interface(4096, (2, 3)), 0)
+    assert isinstance(dense, np.uint64) and int(dense) == 4096
+    assert int(gpu._raw_arg(_Interface(8192, (2, 3), strides=(12, 4)), 0)) == 8192  # explicit but dense strides
+    assert int(gpu._raw_arg(_Interface(8192, (1, 3), strides=(999, 4)), 0)) == 8192  # a length-1 axis: any stride
+    with pytest.raises(ValueError, match="argument 2 .*not C-contiguous"):
+        gpu._raw_arg(_Interface(4096, (2, 3), strides=(4, 8)), 2)  # a transposed view
+    with pytest.raises(TypeError, match="argument 1 is a ndarray, not a device array"):
+        gpu._raw_arg(np.zeros(3, np.float32), 1)
+    n = np.int32(7)
+    assert gpu._raw_arg(n, 0) is n and gpu._raw_arg(5, 0) == 5
+
+
+@pytest.mark.skipif(not ON_GPU, reason="numba's device arrays have pointers only on a GPU")
+def test_a_numba_array_goes_to_a_raw_kernel_as_its_pointer():
+    a = cuda.to_device(np.zeros((4, 5), np.float32))
+    assert int(gpu._raw_arg(a, 0)) == a.__cuda_array_interface__["data"][0]
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        gpu._raw_arg(a[:, 1:3], 0)

@@ -1,5 +1,6 @@
-"""labkit.kernels: the kit's given GPU layers. The fc layer has two kernels (a thread per output for a few images,
-shared-memory tiles for many): both must give x @ w.T + b on every size, ragged tiles included."""
+"""labkit.kernels: the kit's given GPU layers. The fc layer has three kernels (a thread per output for a few images;
+for many, a warp per image when the outputs are few and shared-memory tiles when they are many): each must give
+x @ w.T + b on every size, ragged tiles and partial warps' inputs included."""
 
 import numpy as np
 import pytest
@@ -13,9 +14,10 @@ from numba import cuda  # noqa: E402  (after labkit, which sets up numba)
 @pytest.mark.parametrize("n, inputs, features", [
     (1, 4, 10),  # a thread per output
     (17, 37, 160),
-    (kernels.FC_TILED_FROM, 16, 10),  # tiles, every size a whole number of them along the inputs
-    (kernels.FC_TILED_FROM + 1, 33, 10),  # narrow tiles: one spare image row, a ragged last input step
-    (131, 21, 17),  # wide tiles (more than 16 features), ragged in images, features and inputs
+    (kernels.FC_TILED_FROM, 32, 10),  # a warp per image, every lane one input per step
+    (kernels.FC_TILED_FROM + 1, 33, 10),  # a warp per image, one lane with a second input
+    (kernels.FC_TILED_FROM + 3, 20, kernels.FC_WARP_MAX),  # fewer inputs than lanes, the most outputs it takes
+    (131, 21, 17),  # tiles (more than FC_WARP_MAX features), ragged in images, features and inputs
 ])
 def test_fc_matches_the_float64_product_on_every_size(n, inputs, features):
     rng = np.random.default_rng(n * 1000 + features)
@@ -29,8 +31,9 @@ def test_fc_matches_the_float64_product_on_every_size(n, inputs, features):
     want = x.astype(np.float64) @ w.astype(np.float64).T + b
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * inputs)
-    tiled = n >= kernels.FC_TILED_FROM
-    assert list(counts.kernels) == (["fc_tiled"] if tiled else ["_fc"])
+    many = n >= kernels.FC_TILED_FROM
+    want_kernel = "_fc" if not many else "fc_warp" if features <= kernels.FC_WARP_MAX else "fc_tiled"
+    assert list(counts.kernels) == [want_kernel]
 
 
 def test_fc_is_the_kernel_a_variant_gets():

@@ -36,3 +36,11 @@ def test_each_stage_comes_from_the_newest_folder_that_holds_it(tmp_path):
 
 def test_no_results_says_how_to_make_them(tmp_path):
     assert "No GPU results are committed yet" in measured.readme_block(tmp_path)
+
+
+def test_two_folders_of_one_day_are_ordered_by_their_time(tmp_path):
+    # "b" sorts after "a" by name, but its runs are the earlier ones: the later time wins, not the name
+    _folder(tmp_path, "day-a", "2026-03-01T22:00:00+00:00", [("05 tiled", 0.5)])
+    _folder(tmp_path, "day-b", "2026-03-01T09:00:00+00:00", [("05 tiled", 0.9)])
+    assert [r.where for r in measured.all_results(tmp_path)] == ["day-a", "day-b"]
+    assert "`day-a/` (stages 05)" in measured.readme_block(tmp_path)
