@@ -138,6 +138,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                     jobs.append((path, name, variant, net))
     rows: list[dict] = []
     refs: dict = {}
+    checked: dict = {}  # a function several variants share (given code) is checked once, not once per variant
     base_nets = list(dict.fromkeys(nets or [net for *_, net in jobs] or ["cifar10"]))
     bar = tqdm(total=sum(len(sizes(net)) for *_, net in jobs)
                + (sum(len(sizes(net)) for net in base_nets) if baselines else 0),
@@ -161,7 +162,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
         stage = stages.stage_of(path)
         label = stages.label(stage.number if stage else path.stem, name)
         skipped = any(fnmatch(name, pat) or fnmatch(label, pat) for pat in skip or ())
-        checks = [] if skipped or variant.unavailable() else check_variant(variant, net, quiet=True)
+        checks = [] if skipped or variant.unavailable() else check_variant(variant, net, quiet=True, done=checked)
         failed = [str(c) for c in checks if not c.passed]
         for n in sizes(net):
             row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,

@@ -9,6 +9,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from labkit import bench
+from labkit import check as check_module
 from labkit.ledger import Ledger
 
 KERNELS = '''
@@ -42,6 +43,9 @@ def _notebook(path, source):
     nbformat.write(new_notebook(cells=[new_markdown_cell("# x"), cell]), path)
 
 
+layer_checks: list[tuple[str, str]] = []  # (function, layer) of every layer check the bench below made
+
+
 @pytest.fixture(scope="module")
 def benched(tmp_path_factory, cifar_data):
     root = tmp_path_factory.mktemp("bench")
@@ -51,8 +55,16 @@ def benched(tmp_path_factory, cifar_data):
     _notebook(books / "06_constant_memory.ipynb", "raise ValueError('a broken kernel cell')")
     _notebook(books / "07_unroll_matmul.ipynb", "x = 1  # no VARIANTS: not a timed stage")
     out = root / "out"
+    layer_checks.clear()
     with pytest.MonkeyPatch.context() as mp:  # a device with no known ceilings (the simulator; on a GPU, made so)
         mp.setattr(bench.ceilings, "for_device", lambda name: None)
+        real = check_module.check_layer
+
+        def spy(fn, net, layer, **kw):
+            layer_checks.append((fn.__name__, layer))
+            return real(fn, net, layer, **kw)
+
+        mp.setattr(check_module, "check_layer", spy)
         rows = bench.bench(None, None, (5, 9), books, out, repeat=2, limits=bench.Limits(per_image=5, cpu=100),
                            command="pytest bench", progress=False, skip=["05 left_*"])
     return rows, out
@@ -82,6 +94,13 @@ def test_a_variant_raising_at_run_time_is_recorded_and_the_rest_go_on(benched):
     row = _row(benched[0], "05 crashes", 5)
     assert "RuntimeError: boom at batch 5" in row["error"] and "total_s" not in row
     assert "total_s" in _row(benched[0], "05 ok", 9)
+
+
+def test_a_function_several_variants_share_is_checked_once(benched):
+    # "ok" and "per_image" both run relu_ok: its layer check ran once; each variant's chain is still checked
+    assert layer_checks.count(("relu_ok", "relu1")) == 1
+    assert len(layer_checks) == len(set(layer_checks))
+    assert _row(benched[0], "05 per_image", 5)["checks"] == "PASS"
 
 
 def test_skip_patterns_leave_a_variant_out_unchecked(benched):
