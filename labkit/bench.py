@@ -41,6 +41,8 @@ class Limits:
 
     per_image: int = 1200  # per-image launches: images x layers launches
     cpu: int = 1200  # CPU variants (numba)
+    slow_gflop: float | None = 10.0  # and both only where the forward pass is at most this much work: the same
+    # image count costs more in one net than another (1000 Fashion-MNIST images are 2.3x the work of 1200 CIFAR-10)
     cpu_repeat: int = 1  # CPU variants take seconds per run: fewer timed runs
     per_image_repeat: int = 1  # so do per-image variants (a launch per layer and image)
     budget_s: float = 10.0  # no further timed run of a row once its runs add up to this (each row says how many ran)
@@ -176,7 +178,10 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             elif failed:
                 row["skipped"] = "checks failed"
             elif limit is not None and n > limit:
-                row["skipped"] = f"{'per-image' if variant.per_image else 'CPU'} variants run up to {limit} images"
+                row["skipped"] = f"{_slow_kind(variant)} variants run up to {limit} images"
+            elif limit is not None and limits.slow_gflop is not None and _gflop(net, n) > limits.slow_gflop:
+                row["skipped"] = (f"{_slow_kind(variant)} variants run on workloads up to {limits.slow_gflop:g} GFLOP "
+                                  f"(this one: {_gflop(net, n):.1f})")
             else:
                 try:
                     wl, ref_run = reference_of(net, n, variant.target)
@@ -203,6 +208,17 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     bar.close()
     _write(out, rows, command)
     return rows
+
+
+def _slow_kind(variant) -> str:
+    return "per-image" if variant.per_image else "CPU"
+
+
+def _gflop(net: str, images: int) -> float:
+    """The forward pass's work on ``images`` images, from the spec (a multiply-add counts 2)."""
+    from .nets import get_net, net_cost
+
+    return sum(c.flops for c in net_cost(get_net(net), images).values()) / 1e9
 
 
 def _row_numbers(rep: RunReport, net) -> dict:

@@ -149,10 +149,14 @@ def _csv_list(value: str | None) -> list[str] | None:
               help="Largest image count for per-image variants.")
 @click.option("--cpu-max", type=click.IntRange(min=1), default=1200, show_default=True,
               help="Largest image count for CPU variants.")
+@click.option("--slow-max-gflop", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="CPU and per-image variants run only on workloads of at most this much forward work (GFLOP, from "
+                   "the spec; a skipped row says its own).")
 @click.option("--skip", default=None, help="Variant names to leave out, comma-separated (shell patterns, e.g. "
               "'cpu_prange_reduction' or '02 cpu_*'); they are listed as skipped.")
 @click.option("--no-baselines", is_flag=True, help="Skip the numpy reference and cuDNN rows.")
-def bench(stages, nets, images, notebooks, out, repeat, budget, per_image_max, cpu_max, skip, no_baselines):
+def bench(stages, nets, images, notebooks, out, repeat, budget, per_image_max, cpu_max, slow_max_gflop, skip,
+          no_baselines):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
     from . import bench as bench_mod
     from .stages import solutions_folder
@@ -162,7 +166,8 @@ def bench(stages, nets, images, notebooks, out, repeat, budget, per_image_max, c
     try:
         chosen = bench_mod.validate(_csv_list(stages), _csv_list(nets), counts, folder)
         rows = bench_mod.bench(chosen, _csv_list(nets), counts, folder, out, repeat,
-                               bench_mod.Limits(per_image_max, cpu_max, budget_s=budget), baselines=not no_baselines,
+                               bench_mod.Limits(per_image_max, cpu_max, slow_gflop=slow_max_gflop, budget_s=budget),
+                               baselines=not no_baselines,
                                skip=_csv_list(skip))
     except bench_mod.BenchError as exc:
         raise click.ClickException(str(exc)) from None

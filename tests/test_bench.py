@@ -113,6 +113,21 @@ def test_limits_skip_large_per_image_runs(benched):
     assert "per-image variants run up to 5 images" in _row(benched[0], "05 per_image", 9)["skipped"]
 
 
+def test_slow_variants_stop_at_a_work_limit_and_say_it(tmp_path, cifar_data):
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    _notebook(books / "05_shared_memory.ipynb", KERNELS)
+    between = (bench._gflop("cifar10", 5) + bench._gflop("cifar10", 9)) / 2
+    rows = bench.bench(None, ["cifar10"], (5, 9), books, tmp_path / "out", repeat=1, baselines=False,
+                       limits=bench.Limits(per_image=100, cpu=100, slow_gflop=between), progress=False,
+                       skip=["05 left_*", "05 wrong", "05 crashes"])
+    assert "total_s" in _row(rows, "05 ok", 5) and "total_s" in _row(rows, "05 per_image", 5)
+    for stage, kind in (("05 ok", "CPU"), ("05 per_image", "per-image")):
+        assert _row(rows, stage, 9)["skipped"] == (f"{kind} variants run on workloads up to {between:g} GFLOP "
+                                                   f"(this one: {bench._gflop('cifar10', 9):.1f})")
+    assert bench._gflop("cifar10", 1200) < 10 < bench._gflop("fashion", 1000)  # the default keeps CIFAR's 1200
+
+
 def test_baseline_rows_and_files(benched):
     rows, out = benched
     ref = _row(rows, bench.REFERENCE_STAGE, 9)
