@@ -41,8 +41,8 @@ class Limits:
 
     per_image: int = 1200  # per-image launches: images x layers launches
     cpu: int = 1200  # CPU variants (numba)
-    slow_gflop: float | None = 10.0  # and both only where the forward pass is at most this much work: the same
-    # image count costs more in one net than another (1000 Fashion-MNIST images are 2.3x the work of 1200 CIFAR-10)
+    slow_gflop: float | None = 10.0  # and both only where the forward pass is at most this much work: an image of
+    # one net costs more than an image of another, and these rows' time is the host's, which varies between machines
     cpu_repeat: int = 1  # CPU variants take seconds per run: fewer timed runs
     per_image_repeat: int = 1  # so do per-image variants (a launch per layer and image)
     budget_s: float = 10.0  # no further timed run of a row once its runs add up to this (each row says how many ran)
@@ -170,18 +170,20 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,
                    "target": variant.target, "arrays": variant.arrays, "per_image": variant.per_image,
                    "checks": "-" if skipped else "PASS" if not failed else "FAIL", "check_failures": failed}
-            limit = limits.per_image if variant.per_image else limits.cpu if variant.target == "cpu" else None
+            slow = _slow_kind(variant)
+            limit = None if slow is None else limits.per_image if variant.per_image else limits.cpu
+            work = _gflop(net, n)
             if skipped:
                 row["skipped"] = "left out by --skip"
             elif variant.unavailable():
                 row["skipped"] = variant.unavailable()
             elif failed:
                 row["skipped"] = "checks failed"
-            elif limit is not None and n > limit:
-                row["skipped"] = f"{_slow_kind(variant)} variants run up to {limit} images"
-            elif limit is not None and limits.slow_gflop is not None and _gflop(net, n) > limits.slow_gflop:
-                row["skipped"] = (f"{_slow_kind(variant)} variants run on workloads up to {limits.slow_gflop:g} GFLOP "
-                                  f"(this one: {_gflop(net, n):.1f})")
+            elif slow and n > limit:
+                row["skipped"] = f"{slow} variants run up to {limit} images"
+            elif slow and limits.slow_gflop is not None and work > limits.slow_gflop:
+                row["skipped"] = (f"{slow} variants run on workloads up to {limits.slow_gflop:g} GFLOP "
+                                  f"(this one: {work:.1f})")
             else:
                 try:
                     wl, ref_run = reference_of(net, n, variant.target)
@@ -210,8 +212,10 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     return rows
 
 
-def _slow_kind(variant) -> str:
-    return "per-image" if variant.per_image else "CPU"
+def _slow_kind(variant) -> str | None:
+    """Which capped kind a variant is (its runs take seconds: a launch per layer and image, or numba on the CPU),
+    or None for batched GPU code, which runs at every size."""
+    return "per-image" if variant.per_image else "CPU" if variant.target == "cpu" else None
 
 
 def _gflop(net: str, images: int) -> float:
