@@ -277,6 +277,38 @@ def bench_doc(folders, doc, img_dir):
 
 
 
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--upto", default=None, help="The milestone: its stage number, e.g. 05 (the notebooks of stages 00 to "
+              "05, the given code of 00 to 04).")
+@click.option("--verify", "verify_only", is_flag=True,
+              help="Only search OUT (a built release) for solution text of its milestone and later stages.")
+@click.option("--git", "commit", is_flag=True,
+              help="Commit the release in OUT (git init when it is new; the next commit of an earlier release).")
+def release(out, upto, verify_only, commit):
+    """Build the student repository of a milestone in OUT: no solution of that stage or later, anywhere.
+
+    Run it in the instructor's repository (the one holding solutions/); docs/releases.md says how to publish it.
+    """
+    from . import release as release_mod
+
+    if not verify_only and not upto:
+        raise click.BadParameter("give the milestone's stage number, e.g. --upto 05", param_hint="--upto")
+    upto = upto.zfill(2) if upto else None
+    try:
+        if verify_only:
+            result = release_mod.verify(out, upto)
+        else:
+            result = release_mod.build(upto, out, git=commit)
+            click.echo(f"wrote the release of milestone {upto} to {out}: "
+                       f"{len(release_mod.file_list(out))} files{' (committed)' if commit else ''}")
+    except release_mod.ReleaseError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(result.report())
+    if not result.clean:
+        sys.exit(1)
+
+
 # ---------------------------------------------------------------------------------------------- labkit lab
 
 

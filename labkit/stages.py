@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import nbcells
+from . import given, nbcells
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -168,18 +168,28 @@ def load_variants(path: str | Path) -> dict[str, Variant]:
 _given: dict = {}
 
 
+def given_source(number: str) -> Path:
+    """Where stage ``number``'s given code comes from, the one rule: ``$LABKIT_SOLUTIONS`` when set (the grader's
+    private copy); else, in a student repository built by ``labkit release`` (``labkit/given/manifest.json``), the
+    released file, or ``given.NotReleased`` for a stage whose deadline has not passed; else the repo's solutions/."""
+    if not os.environ.get("LABKIT_SOLUTIONS") and given.manifest() is not None:
+        return given.path_of(number)
+    return solutions_folder() / STAGES[number].notebook
+
+
 def from_stage(number: str) -> types.SimpleNamespace:
     """The kernel cells of the kit's solution of stage ``number``, as a namespace: given code for later stages
-    (``s02 = lk.from_stage("02"); s02.conv_thread_per_output``). Loaded once per process."""
+    (``s02 = lk.from_stage("02"); s02.conv_thread_per_output``). Loaded once per process; ``given_source`` says
+    from where."""
     if number not in STAGES:
         raise ValueError(f"unknown stage {number!r}; stages are {', '.join(STAGES)}")
-    path = solutions_folder() / STAGES[number].notebook
+    path = given_source(number)
     key = (str(path), path.stat().st_mtime if path.exists() else None)
     if key not in _given:
         if not path.exists():
             raise nbcells.NotebookError(f"the kit's solution of stage {number} is missing ({path}): later stages "
                                         f"take their given code from it")
-        ns = nbcells.load(path)
+        ns = given.load(path, STAGES[number].notebook) if path.suffix == ".py" else nbcells.load(path)
         _given[key] = types.SimpleNamespace(**{k: v for k, v in ns.items() if not k.startswith("__")})
     return _given[key]
 

@@ -1,0 +1,418 @@
+"""Student repositories without the answers: ``labkit release --upto NN OUT/`` and its leak search.
+
+A release for milestone NN holds the student copies of stages 00..NN, the given code of the stages before NN (their
+deadlines have passed: ``labkit.given``), the kit, the student docs, the kit's committed GPU results (without the
+executed solution notebooks kept there), a small test suite and a README. It never holds ``solutions/``.
+
+The leak search (``verify``) takes every line that ``tools/make_student.py`` strips from a solution notebook of stage
+NN or later (the solution blocks, Python and CUDA C alike), whitespace-normalised, at least ``MIN_CHARS`` long, and
+not also public by construction (in a student notebook of any stage, or in the released given code), and looks for
+it in every file of the release: inside JSON strings (notebooks, results), text files, and the bytes of the rest.
+``build`` runs it and fails when it finds anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import given, nbcells
+from .stages import REPO, STAGES, STUB_MARK
+
+MIN_CHARS = 12  # shorter solution lines ("return out", "acc = 0.0") are too common to mean anything
+DOCS = ("students.md", "reference_figures.md", "design.md")  # the docs a student reads; their images come along
+KIT_TESTS = ("test_device.py", "test_kernels.py", "test_reference.py", "test_weights.py")  # kit-only tests
+SUITE = REPO / "tools" / "release_tests"  # the release's own tests, copied into its tests/
+_SKIP_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints", "given"}
+_SKIP_RESULTS = {".ipynb"}  # results/ keeps executed solution notebooks: never released
+_IGNORED_RESULTS = {"scratch", "ledger.jsonl"}  # .gitignore'd there
+
+
+class ReleaseError(Exception):
+    """Why no release could be built (or verified): one line that says what to do."""
+
+
+# ------------------------------------------------------------------------------------------- what is secret
+
+
+def _norm(line: str) -> str:
+    return " ".join(line.split())
+
+
+def _make_student(repo: Path):
+    """tools/make_student.py of the instructor's repository: the one definition of what a student copy is."""
+    path = repo / "tools" / "make_student.py"
+    if not path.is_file():
+        raise ReleaseError(f"no tools/make_student.py in {repo}: labkit release runs in the instructor's repository")
+    spec = importlib.util.spec_from_file_location("labkit_make_student", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while they are made
+    spec.loader.exec_module(module)
+    return module
+
+
+def _solution(repo: Path, number: str) -> Path:
+    path = repo / "solutions" / STAGES[number].notebook
+    if not path.is_file():
+        raise ReleaseError(f"no {path.relative_to(repo)}: labkit release runs in the instructor's repository, "
+                           f"which holds every stage's solution")
+    return path
+
+
+def stripped_lines(solution_nb, student_nb) -> list[str]:
+    """The lines of the solution's code cells that its student copy does not have: the solution blocks' text."""
+    out = []
+    pairs = zip(solution_nb.cells, student_nb.cells) if len(solution_nb.cells) == len(student_nb.cells) else \
+        [(type("C", (), {"cell_type": "code", "source": "\n".join(c.source for c in solution_nb.cells)}),
+          type("C", (), {"source": "\n".join(c.source for c in student_nb.cells)}))]
+    for sol, stu in pairs:
+        if sol.cell_type != "code":
+            continue
+        a, b = sol.source.splitlines(), stu.source.splitlines()
+        for op, i1, i2, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+            if op in ("delete", "replace"):
+                out.extend(a[i1:i2])
+    return out
+
+
+@dataclass
+class Secrets:
+    """What must not be in a release of ``milestone``: per stage, the normalised solution lines to look for."""
+
+    milestone: str
+    lines: dict[str, set[str]] = field(default_factory=dict)  # stage -> lines searched for
+    public: dict[str, int] = field(default_factory=dict)  # stage -> stripped lines that are public anyway
+    short: dict[str, int] = field(default_factory=dict)  # stage -> stripped lines under MIN_CHARS
+
+    def all(self) -> dict[str, str]:
+        """line -> the first stage it belongs to."""
+        found = {}
+        for number in sorted(self.lines):
+            for line in self.lines[number]:
+                found.setdefault(line, number)
+        return found
+
+
+def secrets(milestone: str, repo: Path = REPO, min_chars: int = MIN_CHARS) -> Secrets:
+    """The solution lines of stages ``milestone``..last, less those that are public by construction: in a student
+    notebook (of any stage: its text outside the solution blocks), or in the given code this milestone releases."""
+    import nbformat
+
+    ms = _make_student(repo)
+    public: set[str] = set()
+    stripped: dict[str, list[str]] = {}
+    for number in STAGES:
+        nb = nbformat.read(_solution(repo, number), as_version=4)
+        student = ms.student_notebook(nb)
+        public.update(_norm(line) for cell in student.cells for line in cell.source.splitlines())
+        if number < milestone:
+            public.update(_norm(line) for _, src in nbcells.tagged_cells(nb) for line in src.splitlines())
+        else:
+            stripped[number] = [_norm(line) for line in stripped_lines(nb, student)]
+    out = Secrets(milestone)
+    for number, lines in stripped.items():
+        lines = [line for line in lines if line and "BEGIN SOLUTION" not in line and "END SOLUTION" not in line
+                 and STUB_MARK not in line]
+        out.short[number] = len({line for line in lines if len(line) < min_chars})
+        long = {line for line in lines if len(line) >= min_chars}
+        out.public[number] = len(long & public)
+        out.lines[number] = long - public
+    return out
+
+
+# -------------------------------------------------------------------------------------------- the search
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _texts(path: Path) -> tuple[str | None, bytes]:
+    """A file's searchable text (JSON strings unescaped, whitespace normalised per line) and its raw bytes."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, raw
+    parts = [text]
+    try:
+        if path.suffix in (".json", ".ipynb"):
+            parts += _strings(json.loads(text))
+        elif path.suffix == ".jsonl":
+            parts += [s for line in text.splitlines() if line.strip() for s in _strings(json.loads(line))]
+    except ValueError:
+        pass  # not JSON after all: its text is searched as it is
+    return "\n".join(_norm(line) for part in parts for line in part.splitlines()), raw
+
+
+@dataclass
+class Verification:
+    folder: Path
+    secrets: Secrets
+    files: int = 0
+    binary: int = 0
+    hits: list[tuple[str, str, str]] = field(default_factory=list)  # (file, stage, line)
+
+    @property
+    def clean(self) -> bool:
+        return not self.hits
+
+    def report(self) -> str:
+        s = self.secrets
+        stages = sorted(s.lines)
+        lines = [f"searched {self.files} files of {self.folder} ({self.binary} binary, searched as bytes) for the "
+                 f"solution lines of stages {given.span(stages)} (whitespace-normalised, at least {MIN_CHARS} "
+                 f"characters, not also in a student notebook or in released given code):"]
+        for number in stages:
+            lines.append(f"  stage {number}: {len(s.lines[number])} lines searched for ({s.public[number]} public "
+                         f"anyway, {s.short[number]} shorter than {MIN_CHARS} characters)")
+        if self.clean:
+            lines.append("found: nothing")
+        else:
+            lines.append(f"found: {len(self.hits)} solution line(s) in the release:")
+            lines += [f"  {file}: stage {number}: {line}" for file, number, line in self.hits]
+        return "\n".join(lines)
+
+
+def _released_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and ".git" not in p.relative_to(folder).parts)
+
+
+def verify(folder: Path, milestone: str | None = None, repo: Path = REPO, found: Secrets | None = None) -> Verification:
+    """Search every file under ``folder`` for every solution line of stages ``milestone``..last (the milestone of
+    the release's manifest when not given)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ReleaseError(f"no folder {folder} to search")
+    if milestone is None:
+        info = given.manifest(folder / "labkit" / "given")
+        if info is None:
+            raise ReleaseError(f"{folder} is not a labkit release (no labkit/given/{given.MANIFEST}): give --upto NN")
+        milestone = info["milestone"]
+    found = found or secrets(milestone, repo)
+    table = found.all()
+    result = Verification(folder, found)
+    encoded = [(line.encode("utf-8"), line) for line in table]
+    for path in _released_files(folder):
+        result.files += 1
+        text, raw = _texts(path)
+        if text is None:
+            result.binary += 1
+            hits = [line for data, line in encoded if data in raw]
+        else:
+            hits = [line for line in table if line in text]
+        result.hits += [(path.relative_to(folder).as_posix(), table[line], line) for line in hits]
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+
+def _copy_tree(src: Path, dst: Path, skip_suffixes=(), skip_names=()) -> None:
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if not path.is_file() or set(rel.parts) & _SKIP_DIRS or path.suffix in (".pyc", *skip_suffixes) \
+                or rel.parts[0] in skip_names:
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dst / rel)
+
+
+def _prepare(out: Path, repo: Path) -> None:
+    """An empty ``out``, or a previous release emptied but for its .git (the next milestone is a new commit)."""
+    out = out.resolve()
+    if out == repo.resolve() or repo.resolve().is_relative_to(out):
+        raise ReleaseError(f"{out} holds the instructor's repository: give a new folder for the release")
+    if out.exists() and not out.is_dir():
+        raise ReleaseError(f"{out} is a file: give a folder for the release")
+    if out.exists() and any(p.name != ".git" for p in out.iterdir()):
+        if given.manifest(out / "labkit" / "given") is None:
+            raise ReleaseError(f"{out} is not empty and holds no earlier release: give an empty or new folder")
+        for p in out.iterdir():
+            if p.name != ".git":
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _pyproject(repo: Path) -> str:
+    """The kit's pyproject (same dependencies and package data), with pytest collecting the release's tests only."""
+    text = (repo / "pyproject.toml").read_text()
+    fixed = re.sub(r'(?m)^testpaths = .*$', 'testpaths = ["tests"]', text, count=1)
+    fixed = re.sub(r'(?m)^addopts = .*$', 'addopts = "-p no:cacheprovider"', fixed, count=1)
+    if 'testpaths = ["tests"]' not in fixed or 'addopts = "-p no:cacheprovider"' not in fixed:
+        raise ReleaseError("pyproject.toml has no testpaths and addopts lines under [tool.pytest.ini_options] "
+                           "for the release to rewrite")
+    return fixed
+
+
+def _docs(repo: Path, out: Path) -> list[str]:
+    copied = []
+    for name in DOCS:
+        src = repo / "docs" / name
+        if not src.is_file():
+            continue
+        (out / "docs").mkdir(exist_ok=True)
+        text = src.read_text()
+        (out / "docs" / name).write_text(text)
+        copied.append(name)
+        for img in re.findall(r"\]\((img/[^)\s]+)\)", text):
+            if (repo / "docs" / img).is_file():
+                (out / "docs" / img).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(repo / "docs" / img, out / "docs" / img)
+    return copied
+
+
+def _readme(milestone: str, released: dict[str, str]) -> str:
+    numbers = [n for n in STAGES if n <= milestone]
+    rows = "\n".join(
+        f"| `{STAGES[n].notebook[:-6]}` | {STAGES[n].title} | "
+        + (f"given: `labkit/given/{released[n]}`" if n in released else
+           "deadline passed (no kernels)" if n < milestone else "yours: this milestone") + " |"
+        for n in numbers)
+    before = given.span([n for n in STAGES if n < milestone])
+    return f"""# labkit: make a small CNN fast on a GPU — milestone {milestone}
+
+Your copy of the course kit for milestone {milestone}: the notebooks of stages {given.span(numbers)} in `notebooks/`,
+and `labkit`, the package they import. You fill in the cells marked TODO in `notebooks/{STAGES[milestone].notebook}`
+(and any earlier stage you have not finished); the self-check cell says PASS, or FAIL with where the first wrong
+value is. A GPU is not needed: without one, numba's CUDA simulator runs your kernels on shrunk problems.
+
+## Start
+
+```bash
+python3 -m venv .venv && .venv/bin/pip install -e ".[lab]" && .venv/bin/labkit lab
+```
+
+opens JupyterLab on `notebooks/`. [docs/students.md](docs/students.md) says how on a laptop, a GPU machine or a
+hosted notebook service.
+
+## This milestone
+
+| notebook | topic | code |
+|---|---|---|
+{rows}
+
+The deadlines of stages {before} have passed, so their kernels come with this milestone as given code: the
+kit's own solutions of those stages, in `labkit/given/`, which `lk.from_stage("NN")` loads in the notebooks that
+build on them (a bug left in your earlier stage cannot break a later one). Asking for a stage whose deadline has not
+passed says so in one line; its code comes with the milestone after that deadline.
+
+## Data
+
+CIFAR-10 and Fashion-MNIST, from their official URLs with their published md5 sums:
+
+```bash
+.venv/bin/labkit data fetch      # both, into data/ of this folder (needs internet)
+.venv/bin/labkit data where      # where labkit looks, in order, and what it finds
+```
+
+If your course gives you a copy, set `LABKIT_DATA` to the folder that holds `cifar-10-batches-bin/` and
+`fashion-mnist/`. Without data the notebooks still run, on synthetic inputs, and say so (accuracy "n/a").
+
+## Tests
+
+```bash
+.venv/bin/pip install -e ".[dev]" && .venv/bin/pytest
+```
+
+checks that the kit imports and computes what it should, that the given code of stages {before} loads, that later
+stages' code is not here, and that every notebook runs untouched from top to bottom (on the simulator; a few
+minutes).
+
+## Handing in
+
+Your course says how (for a GitHub Classroom assignment: commit your notebooks and push). The grader runs only the
+cells tagged `kernel` in your notebooks, on inputs of its own, so keep your kernels in those cells.
+"""
+
+
+def _given_code(repo: Path, out: Path, milestone: str) -> dict[str, str]:
+    """labkit/given/: each earlier stage's kernel cells as a file, and the manifest that makes this a release."""
+    folder = out / "labkit" / "given"
+    folder.mkdir(parents=True)
+    files = {}
+    for number, stage in STAGES.items():
+        if number >= milestone:
+            continue
+        cells = nbcells.tagged_cells(nbcells.read(_solution(repo, number)))
+        if cells:
+            name = stage.notebook.replace(".ipynb", ".py")
+            (folder / name).write_text(given.render(number, stage.notebook, stage.title, cells, milestone))
+            files[number] = name
+    manifest = {"milestone": milestone, "released": [n for n in STAGES if n < milestone], "files": files}
+    (folder / given.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return files
+
+
+def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False) -> Verification:
+    """Write the student repository of ``milestone`` into ``out`` and search it for solution text; ReleaseError
+    when anything leaks (the folder is left for inspection, not to be published)."""
+    import nbformat
+
+    if milestone not in STAGES:
+        raise ReleaseError(f"unknown stage {milestone!r}: milestones are {', '.join(STAGES)}")
+    repo, out = Path(repo), Path(out)
+    for number in STAGES:
+        _solution(repo, number)
+    _prepare(out, repo)
+    ms = _make_student(repo)
+    _copy_tree(repo / "labkit", out / "labkit")
+    files = _given_code(repo, out, milestone)
+    (out / "notebooks").mkdir()
+    for number, stage in STAGES.items():
+        if number <= milestone:
+            nb = ms.student_notebook(nbformat.read(_solution(repo, number), as_version=4))
+            (out / "notebooks" / stage.notebook).write_text(ms.render(nb))
+    _docs(repo, out)
+    if (repo / "results").is_dir():
+        _copy_tree(repo / "results", out / "results", skip_suffixes=tuple(_SKIP_RESULTS), skip_names=_IGNORED_RESULTS)
+    (out / "tests").mkdir()
+    for name in KIT_TESTS:
+        shutil.copyfile(repo / "tests" / name, out / "tests" / name)
+    for path in sorted(SUITE.glob("*.py")):
+        shutil.copyfile(path, out / "tests" / path.name)
+    for name in ("conftest.py", "environment.yml", ".gitignore"):
+        if (repo / name).is_file():
+            shutil.copyfile(repo / name, out / name)
+    (out / "pyproject.toml").write_text(_pyproject(repo))
+    (out / "README.md").write_text(_readme(milestone, files))
+    result = verify(out, milestone, repo)
+    if not result.clean:
+        raise ReleaseError(f"{len(result.hits)} solution line(s) found in {out}, which must not be published:\n"
+                           + result.report())
+    if git:
+        _commit(out, milestone)
+    return result
+
+
+def _commit(out: Path, milestone: str) -> None:
+    """One commit of the whole folder (a fresh repository, or the next commit of an earlier release's)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=out, capture_output=True, text=True)
+
+    if not (out / ".git").exists() and git("init", "-q", "-b", "main").returncode:
+        git("init", "-q")
+    ident = [] if git("config", "user.email").stdout.strip() else ["-c", "user.name=labkit release",
+                                                                    "-c", "user.email=labkit-release@localhost"]
+    git("add", "-A")
+    done = git(*ident, "commit", "-q", "-m", f"Milestone {milestone}: stages {given.span([n for n in STAGES if n <= milestone])}, "
+               f"given code of {given.span([n for n in STAGES if n < milestone])}")
+    if done.returncode and "nothing to commit" not in done.stdout + done.stderr:
+        raise ReleaseError(f"git commit in {out} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+
+
+def file_list(folder: Path) -> list[str]:
+    return [p.relative_to(folder).as_posix() for p in _released_files(Path(folder))]
