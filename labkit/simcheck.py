@@ -63,6 +63,10 @@ class Launch:
     per_thread: dict = field(default_factory=lambda: defaultdict(Counter))  # thread -> Counter("global load"...)
     conflicts: list[Conflict] = field(default_factory=list)
     conflict_count: int = 0
+    #: with ``watching(log=True)``: every element access, (array name, flat index, block, thread, epoch, store,
+    #: atomic), in the order the simulator made them (``labkit.access`` draws them); None otherwise
+    accesses: list | None = None
+    arrays: dict = field(default_factory=dict)  # with log=True: array name -> (kind, shape) of the arrays touched
 
     @property
     def threads(self) -> int:
@@ -83,6 +87,7 @@ class Watch:
     """The launches made inside ``watching()``."""
 
     launches: list[Launch] = field(default_factory=list)
+    log: bool = False  # keep every access of every launch (Launch.accesses)
 
     @property
     def conflicts(self) -> list[Launch]:
@@ -141,6 +146,8 @@ class _Recorder:
 
     def judge(self) -> None:
         launch = self.launch
+        if any(w.log for w in _active):
+            self.keep()
         writers: dict = {}  # global address -> (thread, line, atomic)
         shared: dict = {}  # (block, address) -> [writer, epoch, line, {reader: line}]
         for kind, addr, t, epoch, store, atomic, filename, lineno, array, idx in self.log:
@@ -178,6 +185,30 @@ class _Recorder:
                     rec[3].setdefault(me, line)
         self.log.clear()
 
+    def keep(self) -> None:
+        """The log as plain records, each element named by its array and flat index (Launch.accesses)."""
+        launch, accesses = self.launch, []
+        by_id = {id(arr): (name, arr) for _, _, name, arr in self.named}
+        for kind, addr, t, epoch, store, atomic, _, _, array, idx in self.log:
+            if kind == "global":
+                name, arr = by_id.get(id(array), (None, array))
+                if name is None:
+                    found = next(((n, a, s) for s, e, n, a in self.named if addr is not None and s <= addr < e), None)
+                    if found is None or not found[1].flags.c_contiguous:
+                        continue
+                    name, arr = found[0], found[1]
+                    flat = (addr - found[2]) // arr.itemsize
+                else:
+                    flat = _flat(idx, arr.shape)
+            else:
+                name, arr = _names.get(id(array), (f"{kind} array", array))[0], array
+                flat = _flat(idx, arr.shape)
+            if flat is None:
+                continue
+            launch.arrays.setdefault(name, (kind, tuple(arr.shape)))
+            accesses.append((name, flat, tuple(t.blockIdx), tuple(t.threadIdx), epoch, store, atomic))
+        launch.accesses = accesses
+
     def name(self, addr: int, kind: str, array, idx=None) -> str:
         if kind != "global":
             label = _names.get(id(array), (f"a {kind} array",))[0]
@@ -193,6 +224,16 @@ class _Recorder:
         self.launch.conflict_count += 1
         if len(self.launch.conflicts) < MAX_REPORTED:
             self.launch.conflicts.append(Conflict(kind, where, first, second))
+
+
+def _flat(idx, shape) -> int | None:
+    """Flat (C-order) index of one element, negative indices wrapped as numpy wraps them; None for a slice."""
+    if len(idx) != len(shape):
+        return None
+    try:
+        return int(np.ravel_multi_index(tuple(int(i) for i in idx), shape, mode="wrap"))
+    except (TypeError, ValueError):
+        return None
 
 
 _SKIPPED: set = set()  # code objects of the wrappers and the simulator: never the kernel's line
@@ -349,12 +390,13 @@ _names: dict = {}  # id(shared or constant array) -> (the kernel's name for it, 
 
 
 @contextmanager
-def watching():
+def watching(log: bool = False):
     """Record and judge every simulated launch made inside the block: ``with watching() as w: ...`` then
-    ``w.conflicts`` (launches with races) and ``w.totals()`` (loads and stores). Does nothing on a real GPU."""
+    ``w.conflicts`` (launches with races) and ``w.totals()`` (loads and stores); ``log=True`` also keeps every
+    access (``Launch.accesses``). Does nothing on a real GPU."""
     from . import simulator
 
-    watch = Watch()
+    watch = Watch(log=log)
     if not simulator.active():
         yield watch
         return

@@ -1,0 +1,258 @@
+"""What each thread of a small launch reads and writes, recorded on the simulator for ``labkit.show`` to draw.
+
+A layer function is called once on a small case (one image, a few channels and maps: a few blocks of threads, so a
+recording takes a second or two) inside ``simcheck.watching(log=True)``, which keeps every global, shared and
+constant access with its thread and barrier epoch. Each array gets a *role* (what it holds: the input, the weights,
+the bias, the output, an intermediate buffer): ``labkit.draw`` gives a role the same colour in every stage.
+
+Recording needs the simulator. On a GPU machine ``record`` runs in a child process under the simulator, on the
+stage's notebook as last saved (the function found by the name the notebook bound to it), as ``labkit.counts`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ROLES = ("input", "weights", "bias", "buffer", "output")
+COLUMNS = ("array", "flat", "bx", "by", "bz", "tx", "ty", "tz", "epoch", "store", "atomic")
+
+
+@dataclass
+class Launch:
+    """One kernel launch of a recording: its arrays (name -> kind, shape, role) and every access as a row of
+    ``COLUMNS`` (``array`` indexes ``names``)."""
+
+    kernel: str
+    grid: tuple
+    block: tuple
+    arrays: dict  # name -> {"kind": "global" | "shared" | "constant", "shape": [...], "role": ...}
+    rows: np.ndarray  # int64, one row per access, COLUMNS
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.arrays)
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "grid": list(self.grid), "block": list(self.block), "arrays": self.arrays,
+                "rows": self.rows.tolist()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Launch:
+        rows = np.asarray(d["rows"], np.int64).reshape(-1, len(COLUMNS))
+        return cls(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["arrays"], rows)
+
+    def threads(self) -> np.ndarray:
+        """(bx, by, bz, tx, ty, tz) of every access."""
+        return self.rows[:, 2:8]
+
+    def writer_of(self, array: str, flat: int) -> tuple | None:
+        """(block, thread) of the last thread that stored into ``array[flat]``, or None."""
+        a = self.names.index(array) if array in self.arrays else -1
+        hit = self.rows[(self.rows[:, 0] == a) & (self.rows[:, 1] == flat) & (self.rows[:, 9] == 1)]
+        if not len(hit):
+            return None
+        r = hit[-1]
+        return tuple(int(v) for v in r[2:5]), tuple(int(v) for v in r[5:8])
+
+
+@dataclass
+class Recording:
+    """The launches one call of a layer function made on one small case, with the case's sizes."""
+
+    name: str
+    launches: list[Launch] = field(default_factory=list)
+    case: dict = field(default_factory=dict)  # sizes of the case: N, C, H, W, M, K, pad, pool, act
+    output: list | None = None  # the host output of the call (flat), for comparing with the reference
+    expected: list | None = None
+
+    def launch(self, kernel: str | None = None) -> Launch:
+        """The launch of ``kernel`` (a name or its start), else the last launch that writes the output."""
+        if not self.launches:
+            raise ValueError(f"{self.name} launched no kernel on the simulator")
+        if kernel is not None:
+            found = [ln for ln in self.launches if ln.kernel == kernel or ln.kernel.startswith(kernel)]
+            if not found:
+                raise ValueError(f"{self.name} launched no kernel named {kernel!r}; it launched "
+                                 f"{', '.join(sorted({ln.kernel for ln in self.launches}))}")
+            return found[-1]
+        writes_out = [ln for ln in self.launches if any(a["role"] == "output" for a in ln.arrays.values())]
+        return (writes_out or self.launches)[-1]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "launches": [ln.to_json() for ln in self.launches], "case": self.case,
+                "output": self.output, "expected": self.expected}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Recording:
+        return cls(d["name"], [Launch.from_json(ln) for ln in d["launches"]], d["case"], d.get("output"),
+                   d.get("expected"))
+
+
+# --------------------------------------------------------------------------------------------- the case
+
+
+def small_case(net: str = "cifar10", layer: str = "conv2", *, fuse: tuple[str, ...] = (), channels: int = 2,
+               maps: int = 2, size: tuple[int, int] | None = None, images: int = 1, seed: int = 0):
+    """One image of ``layer`` with ``channels`` input channels, ``maps`` output maps and a ``size`` image (default:
+    the simulator's shrunk size), fresh weights from ``seed``; ``fuse`` adds the activation and pooling after it
+    (a fused group, as ``Variant.fuse`` hands them over). Returns a ``labkit.check.Case``."""
+    from . import reference, simulator
+    from .check import Case
+    from .layers import groups, kernel_layers
+    from .nets import get_net
+
+    spec = get_net(net)
+    conv = spec.layer(layer)
+    if conv.kind != "conv":
+        raise ValueError(f"lk.show draws conv layers; {layer} of {spec.name} is a {conv.kind} layer")
+    group = next(g for g in groups(kernel_layers(spec), fuse) if g[0].name == layer)
+    h, w = size or simulator.layer_input_shape(spec, conv)[1:]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((images, channels, h, w)).astype(np.float32)
+    fan_in = channels * conv.kernel * conv.kernel
+    weights = {f"{layer}.weight": (rng.standard_normal((maps, channels, conv.kernel, conv.kernel)) /
+                                   np.sqrt(fan_in)).astype(np.float32)}
+    if conv.bias:
+        weights[f"{layer}.bias"] = rng.standard_normal(maps).astype(np.float32)
+    y = reference.layer_forward(conv, x, weights, accumulate="float64")
+    for ly in group[1:]:
+        y = reference.layer_forward(ly, y, {}, accumulate="float64")
+    layer_arg = group if len(group) > 1 else conv
+    return Case("+".join(ly.name for ly in group), layer_arg, x, weights, y.astype(np.float32))
+
+
+def _sizes(case) -> dict:
+    group = case.layer if isinstance(case.layer, tuple) else (case.layer,)
+    conv = group[0]
+    w = case.weights[f"{conv.name}.weight"]
+    pool = next((ly.kernel or 2 for ly in group[1:] if ly.kind == "pool"), 0)
+    act = next((ly.kind for ly in group[1:] if ly.kind in ("relu", "tanh")), "")
+    n, c, h, wd = case.x.shape
+    return {"N": n, "C": c, "H": h, "W": wd, "M": int(w.shape[0]), "K": int(w.shape[2]), "pad": conv.pad,
+            "pool": pool, "act": act, "out": list(case.expected.shape)}
+
+
+# ----------------------------------------------------------------------------------------------- roles
+
+
+def _role(name: str, kind: str, shape: tuple, stores: bool, loads: bool, sizes: dict) -> str:
+    """What an array holds, from its shape against the case's (global arrays) or its name (shared, constant)."""
+    shape = tuple(shape)
+    n, c, h, w, m, k = (sizes[key] for key in ("N", "C", "H", "W", "M", "K"))
+    if kind == "constant":
+        return "weights"
+    if kind == "shared":
+        low = name.lower()
+        if low.startswith("w") or "wt" in low or low.endswith("w"):
+            return "weights"
+        if low.startswith("o") or any(s in low for s in ("out", "acc", "red", "sum", "partial")):
+            return "output"
+        return "input"
+    size = int(np.prod(shape))
+    if not stores and (shape == (m, c, k, k) or (size == m * c * k * k and shape != (n, c, h, w))):
+        return "weights"  # a reshaped view (stage 07's M x C*K*K matrix) is still the weights
+    if not stores and (shape == (n, c, h, w) or size == n * c * h * w):
+        return "input"
+    if shape == (m,) and not stores:
+        return "bias"
+    if stores and not loads and (shape == tuple(sizes["out"]) or int(np.prod(shape)) == int(np.prod(sizes["out"]))):
+        return "output"
+    return "buffer"
+
+
+def _launch_of(sim_launch, sizes: dict) -> Launch:
+    names = list(sim_launch.arrays)
+    index = {name: i for i, name in enumerate(names)}
+    rows = np.array([(index[a], flat, *blk, *thr, ep, int(st), int(at))
+                     for a, flat, blk, thr, ep, st, at in sim_launch.accesses], np.int64).reshape(-1, len(COLUMNS))
+    arrays = {}
+    for name in names:
+        kind, shape = sim_launch.arrays[name]
+        mine = rows[rows[:, 0] == index[name]]
+        arrays[name] = {"kind": kind, "shape": list(shape),
+                        "role": _role(name, kind, shape, bool(mine[:, 9].any()), bool((mine[:, 9] == 0).any()),
+                                      sizes)}
+    return Launch(sim_launch.kernel, tuple(sim_launch.grid), tuple(sim_launch.block), arrays, rows)
+
+
+def record_here(fn, case, arrays: str = "device", name: str = "") -> Recording:
+    """Call ``fn`` on ``case`` under the simulator and keep every access of every launch it makes."""
+    from . import engine, simcheck, simulator
+
+    if not simulator.active():
+        raise RuntimeError("recording accesses needs the CUDA simulator (labkit.access.record runs it in a child "
+                           "process on a GPU machine)")
+    sizes = _sizes(case)
+    with simcheck.watching(log=True) as watch:
+        try:
+            got = engine.call_layer(fn, case.layer, case.x, case.weights, arrays)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the picture of what ran before the raise is still worth drawing
+            got = None
+            sizes["raised"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:200]
+    rec = Recording(name or getattr(fn, "__name__", "fn"), [_launch_of(ln, sizes) for ln in watch.launches], sizes)
+    rec.output = None if got is None else np.asarray(got, np.float64).ravel().tolist()
+    rec.expected = np.asarray(case.expected, np.float64).ravel().tolist()
+    return rec
+
+
+# ------------------------------------------------------------------------------ in a child, on a GPU machine
+
+CASE_KEYS = ("net", "layer", "fuse", "channels", "maps", "size", "images", "seed")
+
+
+def record(fn, case_args: dict, arrays: str = "device", name: str = "", stage: str | None = None,
+           namespace: dict | None = None) -> Recording:
+    """``record_here`` on ``small_case(**case_args)``: in this process on the simulator, else in a child process
+    under the simulator that loads ``stage``'s notebook (as saved; the kit's solution when there is none) and finds
+    ``fn`` by the name ``namespace`` (the notebook's) binds it to."""
+    from . import simulator
+
+    if simulator.active():
+        return record_here(fn, small_case(**case_args), arrays, name)
+    from .counts import _notebook_for, _path_of
+
+    if stage is None:
+        raise ValueError("on a GPU machine lk.show records in a child process on the simulator: say which stage's "
+                         "notebook holds the function (stage='05')")
+    path = fn if isinstance(fn, str) else _path_of(fn, namespace or {})
+    job = {"notebook": str(_notebook_for(stage)), "function": path, "case": case_args, "arrays": arrays,
+           "name": name or getattr(fn, "__name__", str(fn))}
+    return _in_child(job)
+
+
+def _in_child(job: dict) -> Recording:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, "-m", "labkit.access"], input=json.dumps(job), capture_output=True,
+                          text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"recording under the simulator failed: {tail[0]}")
+    return Recording.from_json(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _main() -> int:
+    """Child: load the notebook's kernel cells under the simulator, record the named function on the case."""
+    from . import nbcells
+    from .counts import _resolve
+
+    job = json.loads(sys.stdin.read())
+    fn = _resolve(nbcells.load(job["notebook"]), job["function"])
+    case_args = dict(job["case"])
+    if case_args.get("size") is not None:
+        case_args["size"] = tuple(case_args["size"])
+    case_args["fuse"] = tuple(case_args.get("fuse") or ())
+    rec = record_here(fn, small_case(**case_args), job.get("arrays", "device"), job.get("name", ""))
+    print(json.dumps(rec.to_json()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

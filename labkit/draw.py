@@ -1,0 +1,396 @@
+"""Pictures of a recorded launch (``labkit.access``): the arrays a kernel touches as grids, what the chosen threads
+read and wrote in each barrier epoch, and their load and store counts against the task's budget.
+
+One colour per role (what an array holds), the same in every stage: the input is blue wherever it lives (global
+``x``, a shared tile, stage 07's unrolled matrix is the input rearranged: teal), the weights green (global, shared or
+constant), the bias brown, the output red. A panel shows one array in one epoch: the chosen threads' reads in the
+full colour, writes with a black cross, what the rest of their block touched in that epoch pale. A 4-D array is a
+grid of planes (rows: its first axis, columns: its second), a 3-D array a row of planes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .access import ROLES, Launch
+
+COLOURS = {"input": "#1f77b4", "weights": "#2ca02c", "bias": "#8c564b", "buffer": "#17becf", "output": "#d62728"}
+KINDS = ("global load", "global store", "shared load", "shared store", "constant load")
+WIDTH = 9.0  # inches: a notebook's width
+MISSED, EXTRA = "#ff00ff", "#000000"  # "yours vs the spec": what the spec reads and yours does not, and the reverse
+
+
+# ------------------------------------------------------------------------------------------- selections
+
+
+def select(launch: Launch, block=0, thread=None, warp=None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(mask of the chosen threads' accesses, mask of their block's accesses, a label). ``block``/``thread``: an
+    int (flat index) or an (x, y, z) tuple; ``warp``: a warp number in the block; neither: the whole block."""
+    rows = launch.rows
+    b = _dims(block, launch.grid)
+    in_block = (rows[:, 2] == b[0]) & (rows[:, 3] == b[1]) & (rows[:, 4] == b[2])
+    bl = _show_dims(b)
+    if thread is not None:
+        t = _dims(thread, launch.block)
+        sel = in_block & (rows[:, 5] == t[0]) & (rows[:, 6] == t[1]) & (rows[:, 7] == t[2])
+        return sel, in_block, f"thread {_show_dims(t)} of block {bl}"
+    if warp is not None:
+        bx, by, _ = launch.block
+        linear = rows[:, 5] + bx * (rows[:, 6] + by * rows[:, 7])
+        sel = in_block & (linear // 32 == int(warp))
+        return sel, in_block, f"warp {warp} of block {bl} (threads {32 * warp}..{32 * warp + 31})"
+    return in_block, in_block, f"block {bl} ({int(np.prod(launch.block))} threads)"
+
+
+def _dims(d, shape) -> tuple[int, int, int]:
+    if isinstance(d, (int, np.integer)):
+        return tuple(int(v) for v in np.unravel_index(int(d), tuple(shape)[::-1])[::-1])  # x fastest
+    d = tuple(int(v) for v in d) + (0, 0, 0)
+    return d[:3]
+
+
+def _show_dims(d) -> str:
+    d = tuple(d)
+    while len(d) > 1 and d[-1] == 0:
+        d = d[:-1]
+    return "(" + ", ".join(map(str, d)) + ")" if len(d) > 1 else str(d[0])
+
+
+def per_thread_counts(launch: Launch, mask: np.ndarray) -> dict[str, int]:
+    """Loads and stores of each kind among the accesses ``mask`` picks, for the busiest thread among them."""
+    rows = launch.rows[mask]
+    if not len(rows):
+        return {k: 0 for k in KINDS}
+    kind_of = np.array([launch.arrays[n]["kind"] for n in launch.names])[rows[:, 0]]
+    _, owner = np.unique(rows[:, 2:8], axis=0, return_inverse=True)
+    owner = owner.ravel()
+    out = {}
+    for kind in KINDS:
+        mem, op = kind.split()
+        pick = (kind_of == mem) & (rows[:, 9] == (op == "store"))
+        out[kind] = int(np.bincount(owner[pick]).max()) if pick.any() else 0
+    return out
+
+
+def warp_addresses(launch: Launch, mask: np.ndarray, memory: str = "constant") -> int:
+    """The most distinct addresses one warp-wide load of ``memory`` asks for: the k-th load of every thread of a
+    warp is one load instruction; constant memory serves one address per step and serializes the rest."""
+    rows = launch.rows[mask & (launch.rows[:, 9] == 0)]
+    kind_of = np.array([launch.arrays[n]["kind"] for n in launch.names])[rows[:, 0]] if len(rows) else []
+    rows = rows[np.asarray(kind_of) == memory] if len(rows) else rows
+    if not len(rows):
+        return 0
+    bx, by, _ = launch.block
+    linear = rows[:, 5] + bx * (rows[:, 6] + by * rows[:, 7])
+    steps: dict = {}
+    seen: dict = {}
+    for r, lin in zip(rows, linear):
+        thread = (r[2], r[3], r[4], lin)
+        k = seen.get(thread, 0)
+        seen[thread] = k + 1
+        steps.setdefault((r[2], r[3], r[4], lin // 32, k), set()).add((r[0], r[1]))
+    return max(len(v) for v in steps.values())
+
+
+# ------------------------------------------------------------------------------------------------ layout
+
+
+def mosaic(shape) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(height, width, row of each flat index, column of each flat index) of an array drawn as a grid of planes."""
+    shape = tuple(int(s) for s in shape)
+    flat = np.arange(int(np.prod(shape)))
+    if len(shape) == 1:
+        w = min(shape[0], 32)
+        return -(-shape[0] // w), w, flat // w, flat % w
+    if len(shape) == 2:
+        return shape[0], shape[1], flat // shape[1], flat % shape[1]
+    if len(shape) == 3:
+        shape = (1, *shape)
+    lead = shape[:-3] if len(shape) > 4 else ()
+    a, b, h, w = int(np.prod(shape[:-3])) if lead else shape[0], shape[-3], shape[-2], shape[-1]
+    i = flat // (b * h * w)
+    j = (flat // (h * w)) % b
+    r, c = (flat // w) % h, flat % w
+    return a * (h + 1) - 1, b * (w + 1) - 1, i * (h + 1) + r, j * (w + 1) + c
+
+
+def _rgb(hex_colour: str) -> np.ndarray:
+    return np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+
+
+def _pale(colour: np.ndarray) -> np.ndarray:
+    return 0.35 * colour + 0.65
+
+
+def _panel(ax, launch: Launch, name: str, sel_rows: np.ndarray, ctx_rows: np.ndarray, marks=None) -> None:
+    """One array in one epoch: background, the block's accesses pale, the chosen threads' reads full, writes ×."""
+    info = launch.arrays[name]
+    a = launch.names.index(name)
+    h, w, rr, cc = mosaic(info["shape"])
+    colour = _rgb(COLOURS[info["role"]])
+    img = np.ones((h, w, 3))
+    img[rr, cc] = 0.93  # the array's cells; white between planes
+    ctx = ctx_rows[ctx_rows[:, 0] == a, 1]
+    img[rr[ctx], cc[ctx]] = _pale(colour)
+    mine = sel_rows[sel_rows[:, 0] == a]
+    reads, writes = mine[mine[:, 9] == 0, 1], mine[mine[:, 9] == 1, 1]
+    img[rr[reads], cc[reads]] = colour
+    img[rr[writes], cc[writes]] = colour * 0.75
+    ax.imshow(img, interpolation="nearest", aspect="equal")
+    if len(writes):
+        ws = np.unique(writes)
+        _crosses(ax, cc[ws], rr[ws])
+    if marks:
+        from matplotlib.collections import PatchCollection
+        from matplotlib.patches import Rectangle
+
+        for colour_, flats in marks:
+            flats = np.unique(np.asarray(flats, np.int64))
+            if len(flats):
+                rects = [Rectangle((cc[f] - 0.5, rr[f] - 0.5), 1, 1) for f in flats]
+                ax.add_collection(PatchCollection(rects, facecolor="none", edgecolor=colour_, linewidth=1.3))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if max(h, w) <= 40:  # thin white lines between cells, so cells can be counted
+        ax.set_xticks(np.arange(-0.5, w, 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, h, 1), minor=True)
+        ax.grid(which="minor", color="white", linewidth=0.35)
+        ax.tick_params(which="minor", length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+
+
+def _crosses(ax, xs, ys, size: float = 0.32) -> None:
+    """A cross on each written cell, in data units so it scales with the cell."""
+    from matplotlib.collections import LineCollection
+
+    segs = [[(x - size, y - size), (x + size, y + size)] for x, y in zip(xs, ys)]
+    segs += [[(x - size, y + size), (x + size, y - size)] for x, y in zip(xs, ys)]
+    ax.add_collection(LineCollection(segs, colors="black", linewidths=0.9))
+
+
+def _columns(launch: Launch, ctx: np.ndarray) -> list[str]:
+    """The arrays the block touches, in role order (input, weights, bias, buffers, output), global first."""
+    used = {launch.names[a] for a in np.unique(launch.rows[ctx, 0])}
+    kind_order = {"global": 0, "constant": 1, "shared": 2}
+    return sorted(used, key=lambda n: (ROLES.index(launch.arrays[n]["role"]),
+                                        kind_order[launch.arrays[n]["kind"]], n))
+
+
+def _epochs(sel_rows: np.ndarray, ctx_rows: np.ndarray, most: int) -> tuple[list[int], str]:
+    """The epochs to draw: every one the block is in, or the first ``most - 2`` and the last two, with a note."""
+    all_ = sorted(set(ctx_rows[:, 8].tolist()) | set(sel_rows[:, 8].tolist()))
+    if len(all_) <= most:
+        return all_, ""
+    keep = all_[:most - 2] + all_[-2:]
+    return keep, f"epochs {all_[most - 2]}–{all_[-3]} not drawn: they repeat the pattern for the next steps"
+
+
+def _epoch_label(e: int, last: int) -> str:
+    if last == 0:
+        return "no barrier"
+    if e == 0:
+        return "epoch 0\nbefore the 1st\nsyncthreads"
+    if e == last:
+        return f"epoch {e}\nafter the\nlast syncthreads"
+    return f"epoch {e}\nafter {e} barrier{'s' * (e != 1)}"
+
+
+def _array_title(launch: Launch, name: str) -> str:
+    info = launch.arrays[name]
+    shape = "×".join(map(str, info["shape"]))
+    return f"{name}  ({info['kind']}, {info['role']})\n[{shape}]"
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def thread_figure(launch: Launch, block=0, thread=None, warp=None, *, title: str = "", budget: dict | None = None,
+                  most_epochs: int = 6, note: str = ""):
+    """The figure of one launch for the chosen thread, warp or block (see ``select``)."""
+    return stacked_figure([(launch, (block, thread, warp), "")], title=title, budget=budget,
+                          most_epochs=most_epochs, note=note)
+
+
+def stacked_figure(items, *, title: str = "", budget: dict | None = None, most_epochs: int = 6, note: str = "",
+                   heads: tuple[str, ...] | None = None):
+    """Several launches (or several threads of one), one above the other, each with its own count column:
+    ``items`` = [(launch, (block, thread, warp), label), ...]."""
+    stack = []
+    for launch, sel_args, label in items:
+        sel, ctx, who = select(launch, *sel_args)
+        stack.append((launch, sel, ctx, f"{label}{': ' if label else ''}{who}", None))
+    return _figure(stack, title, budget, most_epochs, note, heads=heads or tuple(
+        (label or "chosen") for _, _, label in items))
+
+
+def compare_figure(yours: Launch, spec: Launch, yours_sel, spec_sel, *, title: str = "", budget: dict | None = None,
+                   most_epochs: int = 4, note: str = ""):
+    """"Yours vs the spec": the same picture for a thread of your launch and the spec's thread, one above the other,
+    with squares where they differ (magenta: the spec reads it, yours does not; black: yours reads it, the spec
+    does not). ``*_sel``: (block, thread) pairs."""
+    ys, yc, ywho = select(yours, *yours_sel)
+    ss, sc, swho = select(spec, *spec_sel)
+    pairs = _match_arrays(yours, spec)
+    ymarks, smarks = _differences(yours, ys, spec, ss, pairs)
+    stack = [(yours, ys, yc, f"yours: {ywho}", ymarks), (spec, ss, sc, f"the spec: {swho}", smarks)]
+    return _figure(stack, title, budget, most_epochs, note, heads=("yours", "spec"), compare=True)
+
+
+def _match_arrays(yours: Launch, spec: Launch) -> dict[str, str]:
+    """Your array name -> the spec's array holding the same thing (same kind and role, in order of appearance)."""
+    out, taken = {}, set()
+    for name in yours.names:
+        if name in spec.arrays and spec.arrays[name]["kind"] == yours.arrays[name]["kind"]:
+            out[name] = name
+            taken.add(name)
+    for name in yours.names:
+        if name in out:
+            continue
+        y = yours.arrays[name]
+        match = next((n for n in spec.names if n not in taken and spec.arrays[n]["kind"] == y["kind"]
+                      and spec.arrays[n]["role"] == y["role"] and spec.arrays[n]["shape"] == y["shape"]), None)
+        if match:
+            out[name] = match
+            taken.add(match)
+    return out
+
+
+def _differences(yours, ys, spec, ss, pairs) -> tuple[dict, dict]:
+    """Per (array, epoch): cells read by one and not the other, as marks for ``_panel``."""
+    ymarks, smarks = {}, {}
+    yr, sr = yours.rows[ys & (yours.rows[:, 9] == 0)], spec.rows[ss & (spec.rows[:, 9] == 0)]
+    for yname, sname in pairs.items():
+        ya, sa = yours.names.index(yname), spec.names.index(sname)
+        for e in set(yr[:, 8].tolist()) | set(sr[:, 8].tolist()):
+            mine = set(yr[(yr[:, 0] == ya) & (yr[:, 8] == e), 1].tolist())
+            theirs = set(sr[(sr[:, 0] == sa) & (sr[:, 8] == e), 1].tolist())
+            if mine - theirs:
+                ymarks[(yname, e)] = [(EXTRA, sorted(mine - theirs))]
+                smarks[(sname, e)] = smarks.get((sname, e), []) + [(EXTRA, sorted(mine - theirs))]
+            if theirs - mine:
+                ymarks[(yname, e)] = ymarks.get((yname, e), []) + [(MISSED, sorted(theirs - mine))]
+                smarks[(sname, e)] = smarks.get((sname, e), []) + [(MISSED, sorted(theirs - mine))]
+    return ymarks, smarks
+
+
+LABEL_IN, HEAD_IN, TITLE_IN, FOOT_IN = 0.95, 0.5, 0.4, 1.35
+MAX_PANEL_IN = 1.6  # the tallest panel of an epoch row, inches
+GAP = 1.5  # cells between two panels
+
+
+def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    plans = []
+    for launch, sel, ctx, who, marks in stack:
+        sel_rows, ctx_rows = launch.rows[sel], launch.rows[ctx & ~sel]
+        epochs, skipped = _epochs(sel_rows, launch.rows[ctx], most_epochs)
+        cols = _columns(launch, ctx)
+        sizes = [mosaic(launch.arrays[n]["shape"])[:2] for n in cols]
+        plans.append((launch, sel_rows, ctx_rows, who, marks, epochs, skipped, cols, sizes))
+    room = WIDTH - LABEL_IN - 0.1
+    # one cell size for every panel of the figure, so that a tile and the image it comes from compare by eye
+    cell = min(min(room / (sum(w for _, w in p[8]) + GAP * (len(p[8]) - 1)) for p in plans),
+               min(MAX_PANEL_IN / max(h for h, _ in p[8]) for p in plans), 0.2)
+    heights = [max(0.5, cell * max(h for h, _ in p[8]) + 0.14) for p in plans]
+    height = TITLE_IN + sum(HEAD_IN + eh * len(p[5]) for p, eh in zip(plans, heights)) + FOOT_IN + (
+        0.25 if note else 0)
+    fig = plt.figure(figsize=(WIDTH, height))
+    y = height - TITLE_IN
+    for (launch, sel_rows, ctx_rows, who, marks, epochs, skipped, cols, sizes), eh in zip(plans, heights):
+        fig.text(0.1 / WIDTH, (y - 0.05) / height, who + (f"   ({skipped})" if skipped else ""), fontsize=9,
+                 fontweight="bold", va="top")
+        xs = [LABEL_IN]
+        for _, w in sizes:
+            xs.append(xs[-1] + (w + GAP) * cell)
+        for k, name in enumerate(cols):
+            info = launch.arrays[name]
+            shape = "×".join(map(str, info["shape"]))
+            fig.text((xs[k] + sizes[k][1] * cell / 2) / WIDTH, (y - HEAD_IN + 0.03) / height,
+                     f"$\\bf{{{_tex(name)}}}$\n{info['kind']}\n[{shape}]", fontsize=7.5, ha="center", va="bottom",
+                     color=COLOURS[info["role"]], linespacing=1.1)
+        y -= HEAD_IN
+        last = max(epochs) if epochs else 0
+        a_index = {name: launch.names.index(name) for name in cols}
+        for e in epochs:
+            fig.text((LABEL_IN - 0.08) / WIDTH, (y - eh / 2) / height, _epoch_label(e, last), fontsize=7.5,
+                     ha="right", va="center")
+            s_e, c_e = sel_rows[sel_rows[:, 8] == e], ctx_rows[ctx_rows[:, 8] == e]
+            for k, name in enumerate(cols):
+                if not ((s_e[:, 0] == a_index[name]).any() or (c_e[:, 0] == a_index[name]).any()):
+                    continue  # this array is not touched in this epoch: no panel
+                h, w = sizes[k]
+                ax = fig.add_axes([xs[k] / WIDTH, (y - 0.07 - h * cell) / height, w * cell / WIDTH,
+                                   h * cell / height])
+                _panel(ax, launch, name, s_e, c_e, (marks or {}).get((name, e)))
+            y -= eh
+    base = 0.25 if note else 0.0
+    _count_table(fig, height, stack, budget, compare, heads, base)
+    handles = [Patch(facecolor=COLOURS[r], label=r) for r in ROLES if any(
+        launch.arrays[n]["role"] == r for launch, *_ in stack for n in launch.names)]
+    handles.append(Patch(facecolor=_pale(_rgb(COLOURS["input"])), label="pale: the rest of its block"))
+    handles.append(plt.Line2D([], [], marker="x", color="black", linestyle="none", label="written"))
+    if compare:
+        handles.append(Patch(facecolor="none", edgecolor=MISSED, linewidth=1.3, label="the spec reads it, yours not"))
+        handles.append(Patch(facecolor="none", edgecolor=EXTRA, linewidth=1.3, label="yours reads it, the spec not"))
+    fig.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, (base + 0.02) / height),
+               fontsize=7.5, frameon=False, ncols=2)
+    fig.text(0.1 / WIDTH, 1 - 0.2 / height, title, fontsize=9.5, va="center")
+    if note:
+        fig.text(0.1 / WIDTH, 0.06 / height, note, fontsize=7.5, va="bottom")
+    return fig
+
+
+def _tex(name: str) -> str:
+    return name.replace("_", "\\_")
+
+
+def _count_table(fig, height, stack, budget, compare, heads, base: float = 0.0) -> None:
+    """Per-thread loads and stores: the chosen thread (the busiest of a warp or block) of each item, the busiest
+    thread of its whole launch, and the budget the task states."""
+    ax = fig.add_axes([0.1 / WIDTH, (base + 0.05) / height, 4.6 / WIDTH, (FOOT_IN - 0.15) / height])
+    ax.axis("off")
+    counts = [per_thread_counts(ln, sel) for ln, sel, *_ in stack]
+    whole = None if compare or len(stack) > 1 else per_thread_counts(stack[0][0], np.ones(len(stack[0][0].rows),
+                                                                                             bool))
+    kinds = [k for k in KINDS if any(c[k] for c in counts) or (budget and k in budget)]
+    head = ["per thread", *heads] + (["busiest"] if whole else []) + (["budget"] if budget else [])
+    rows = []
+    for kind in kinds:
+        cells = [str(c[kind]) for c in counts] + ([str(whole[kind])] if whole else [])
+        rows.append([kind, *cells] + ([str(budget.get(kind, ""))] if budget else []))
+    warp_rows = [(i, warp_addresses(ln, sel)) for i, (ln, sel, *_) in enumerate(stack)]
+    if any(v for _, v in warp_rows) and any(" warp " in f" {who} " for *_, who, _ in stack):
+        cells = [str(v) for _, v in warp_rows] + ([""] if whole else [])
+        rows.append(["const. addresses\nper warp load", *cells] + ([str(budget.get("warp", ""))] if budget
+                                                                    else []))
+    if not rows:
+        return
+    table = ax.table(cellText=rows, colLabels=head, loc="upper left", cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(7.5)
+    for (r, c), cell in table.get_celld().items():
+        cell.set_linewidth(0.4)
+        cell.set_height((0.3 if r and "\n" in rows[r - 1][0] else 0.19) / (FOOT_IN - 0.15))
+        if r == 0:
+            cell.set_text_props(fontweight="bold")
+        if c == 0:
+            cell.set_text_props(ha="left")
+            cell.PAD = 0.04
+    if budget:
+        for r, kind in enumerate(kinds, start=1):
+            limit = _number(budget.get(kind))
+            for c, got in enumerate(counts, start=1):
+                if limit is not None and got[kind] > limit:
+                    table[r, c].set_facecolor("#f4cccc")
+    table.auto_set_column_width(list(range(len(head))))
+
+
+def _number(v) -> float | None:
+    """The number a budget cell starts with ("100 (2·C·K²)" -> 100), or None."""
+    import re
+
+    found = re.match(r"\s*(\d+(\.\d+)?)", str(v)) if v is not None else None
+    return float(found.group(1)) if found else None
