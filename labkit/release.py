@@ -221,11 +221,22 @@ def verify(folder: Path, milestone: str | None = None, repo: Path = REPO, found:
 # ------------------------------------------------------------------------------------------------ building
 
 
-def _copy_tree(src: Path, dst: Path, skip_suffixes=(), skip_names=()) -> None:
+def _tracked(repo: Path, folder: Path) -> set[Path] | None:
+    """The files git tracks under ``folder`` (None when ``repo`` is no git checkout): an untracked file in the
+    instructor's working tree (a scratch run, a module not committed yet) is not released."""
+    if not (repo / ".git").exists():
+        return None
+    listed = subprocess.run(["git", "ls-files", "-z", "--", str(folder.relative_to(repo))], cwd=repo,
+                            capture_output=True, text=True)
+    return {repo / name for name in listed.stdout.split("\0") if name} if listed.returncode == 0 else None
+
+
+def _copy_tree(src: Path, dst: Path, repo: Path, skip_suffixes=(), skip_names=()) -> None:
+    tracked = _tracked(repo, src)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if not path.is_file() or set(rel.parts) & _SKIP_DIRS or path.suffix in (".pyc", *skip_suffixes) \
-                or rel.parts[0] in skip_names:
+                or rel.parts[0] in skip_names or (tracked is not None and path not in tracked):
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dst / rel)
@@ -369,7 +380,7 @@ def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False) -> Ve
         _solution(repo, number)
     _prepare(out, repo)
     ms = _make_student(repo)
-    _copy_tree(repo / "labkit", out / "labkit")
+    _copy_tree(repo / "labkit", out / "labkit", repo)
     files = _given_code(repo, out, milestone)
     (out / "notebooks").mkdir()
     for number, stage in STAGES.items():
@@ -378,7 +389,8 @@ def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False) -> Ve
             (out / "notebooks" / stage.notebook).write_text(ms.render(nb))
     _docs(repo, out)
     if (repo / "results").is_dir():
-        _copy_tree(repo / "results", out / "results", skip_suffixes=tuple(_SKIP_RESULTS), skip_names=_IGNORED_RESULTS)
+        _copy_tree(repo / "results", out / "results", repo, skip_suffixes=tuple(_SKIP_RESULTS),
+                   skip_names=_IGNORED_RESULTS)
     (out / "tests").mkdir()
     for name in KIT_TESTS:
         shutil.copyfile(repo / "tests" / name, out / "tests" / name)
