@@ -63,6 +63,12 @@ def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tu
     numbers = [n.zfill(2) for n in stage_numbers] if stage_numbers else None
     timed = {p.name[:2]: p for p in _stage_paths(Path(notebooks), None)
              if p.name[:2] in stages.STAGES and any("VARIANTS" in src for _, src in _cells(p, tagged_cells))}
+    if not timed:
+        found = len(_stage_paths(Path(notebooks), None))
+        raise BenchError(f"--notebooks {notebooks}: no stage notebook with VARIANTS there ("
+                         + (f"{found} notebooks, none a stage's NN_topic.ipynb with a kernel cell defining VARIANTS"
+                            if found else "no .ipynb files")
+                         + "): name the folder that holds them (the default is solutions/)")
     for n in numbers or []:
         if n not in stages.STAGES:
             raise BenchError(f"--stages: there is no stage {n}; the stages are {', '.join(stages.STAGES)}")
@@ -103,22 +109,78 @@ def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
     return paths
 
 
+#: what a bench writes into its folder (``--force`` removes these, and only these, before a run)
+OUTPUT_FILES = ("ledger.jsonl", "bench.json", "bench.csv", "summary.md")
+OUTPUT_PLOTS = ("ladder_*.png", "layers_*.png", "roofline_*.png")
+
+
+def default_out() -> Path:
+    return repo_root() / "results" / "scratch"
+
+
+def prepare_out(out: Path | None, force: bool = False, append: bool = False) -> Path:
+    """Check the output folder before the ladder runs: it can be created or written, and it holds no results
+    unless asked: ``force`` removes the earlier run's files (``OUTPUT_FILES`` and plots; nothing else), ``append``
+    adds this run's rows to them, only when they are this device's. Returns the folder."""
+    from .outputs import OutputError, contents, listed, writable_folder
+
+    out = Path(out or default_out())
+    try:
+        writable_folder(out, "--out")
+    except OutputError as exc:
+        raise BenchError(str(exc)) from None
+    held = contents(out)
+    if not held:
+        return out
+    if force and append:
+        raise BenchError("--force and --append do not go together: replace the folder's results, or add to them")
+    if force:
+        for path in [*(out / name for name in OUTPUT_FILES), *(p for pat in OUTPUT_PLOTS for p in out.glob(pat))]:
+            path.unlink(missing_ok=True)
+        return out
+    if not append:
+        raise BenchError(f"--out {out} already holds {listed(held)}: pass --append to add this run's rows (same "
+                         f"device only), --force to replace the earlier results, or name a new folder")
+    here, there = device.label(), folder_device(out)
+    if there is None:
+        raise BenchError(f"--append: {out} holds no bench results to add to (no bench.json or ledger.jsonl, but "
+                         f"{listed(held)}): name a new folder, or pass --force to write into it")
+    if there != here:
+        raise BenchError(f"--append: {out} holds results of {there}, and this machine is {here}: one folder keeps "
+                         f"one device's results, so name a new folder")
+    return out
+
+
+def folder_device(out: Path) -> str | None:
+    """The device of a bench folder's results (its bench.json, else its ledger's first line), or None."""
+    try:
+        return json.loads((out / "bench.json").read_text())["meta"]["device"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        first = Ledger(out / "ledger.jsonl").first_line()
+    except ValueError:
+        return None
+    return first["device"] if first else None
+
+
 def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None, images: tuple[int, ...] | None = None,
           notebooks: Path | None = None, out: Path | None = None, repeat: int = 3, limits: Limits = Limits(),
           baselines: bool = True, command: str | None = None, progress: bool = True,
-          skip: list[str] | None = None) -> list[dict]:
+          skip: list[str] | None = None, append: bool = False) -> list[dict]:
     """Run the ladder; return one row per (stage, variant, net, images) and write them under ``out``.
 
     ``images``: the image counts of every net (default: each net's own workloads, e.g. 1200 and 50000 for cifar10,
     100, 1000 and 10000 for fashion). ``skip``: shell patterns matched against the variant name and against
-    "NN name"; matches are listed, not run.
+    "NN name"; matches are listed, not run. ``append``: the rows of the bench.json already in ``out`` are kept
+    (those this run measures again are replaced); ``prepare_out`` checks a folder first.
     """
     from .nets import get_net
 
     def sizes(net: str) -> tuple[int, ...]:
         return tuple(images) if images else get_net(net).workloads
 
-    out = Path(out or repo_root() / "results" / "scratch")
+    out = Path(out or default_out())
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / "ledger.jsonl")
     notebooks = Path(notebooks or stages.solutions_folder())
@@ -208,8 +270,15 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                 rows += _baselines(net, n, reference_of, ledger, command, repeat)
                 bar.update()
     bar.close()
-    _write(out, rows, command)
-    return rows
+    return Rows(rows, _write(out, rows, command, append=append))
+
+
+class Rows(list):
+    """A bench's rows and the folder its outputs went to (``out``, or a fallback folder where ``out`` failed)."""
+
+    def __init__(self, rows: list[dict], folder: Path):
+        super().__init__(rows)
+        self.folder = folder
 
 
 def _slow_kind(variant) -> str | None:
@@ -259,7 +328,10 @@ def _baselines(net: str, n: int, reference_of, ledger, command, repeat) -> list[
 def versions() -> dict:
     """Library versions a timing depends on; absent libraries are left out."""
     out = {"python": platform.python_version()}
-    for dist in ("labkit", "numpy", "numba", "numba-cuda"):
+    from . import __version__
+
+    out["labkit"] = __version__  # the package's own, not an installed copy's metadata
+    for dist in ("numpy", "numba", "numba-cuda"):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:
@@ -365,17 +437,50 @@ def _spread(reports: list[RunReport]) -> float:
     return max(totals) / min(totals) if totals else 1.0
 
 
-def _write(out: Path, rows: list[dict], command: str) -> None:
+def _appended(out: Path, rows: list[dict], meta: dict) -> list[dict]:
+    """The rows of the bench.json already in ``out``, but those ``rows`` measure again, then ``rows``; ``meta``
+    gets the earlier calls' dates and commands."""
+    try:
+        old = json.loads((out / "bench.json").read_text())
+    except (OSError, ValueError):
+        return rows
+    key = lambda r: (r.get("stage"), r.get("variant"), r.get("net"), r.get("images"))  # noqa: E731
+    new = {key(r) for r in rows}
+    om = old.get("meta", {})
+    meta["earlier"] = [*om.get("earlier", []), {"date": om.get("date"), "command": om.get("command")}]
+    return [r for r in old.get("rows", []) if key(r) not in new] + rows
+
+
+def _write(out: Path, rows: list[dict], command: str, append: bool = False) -> Path:
+    """bench.json, bench.csv, summary.md and the plots; a folder that fails now (removed, full) gets them written
+    to a fallback folder, named, with a copy of the ledger: the measured rows are never lost."""
+    from .outputs import write_or_fallback
+
     label = device.label()
     meta = {"device": label, "simulated": device.info().simulated, "date": dt.datetime.now(
         dt.timezone.utc).isoformat(timespec="seconds"), "command": command, "python": platform.python_version(),
         "versions": versions(), "ceilings": _ceilings_meta(label), "notes": []}
+    if append:
+        rows = _appended(out, rows, meta)
     if meta["ceilings"] is None:
         meta["notes"].append(f"roofline skipped: no fp32 or bandwidth ceilings known for {label}")
         print(f"({meta['notes'][-1]})")
     for note in _above_the_roof(rows, meta):
         meta["notes"].append(note)
         print(f"({note})")
+
+    def write(folder: Path) -> None:
+        if folder != out and (out / "ledger.jsonl").is_file():
+            try:
+                (folder / "ledger.jsonl").write_bytes((out / "ledger.jsonl").read_bytes())
+            except OSError:
+                pass
+        _write_files(folder, rows, command, meta)
+
+    return write_or_fallback(out, write, "bench results")
+
+
+def _write_files(out: Path, rows: list[dict], command: str, meta: dict) -> None:
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     fields = ["stage", "net", "images", "checks", "total_s", "conv_s", "conv_gflops", "conv_gbs", "accuracy",
               "reference_accuracy", "predictions_equal", "simulated", "skipped", "error"]

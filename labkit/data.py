@@ -120,6 +120,23 @@ def data_env() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def root_state(root: Path) -> str:
+    """Why a search root holds nothing, when it is not a folder: "does not exist", "is a file, not a folder";
+    "" for a folder."""
+    return "" if root.is_dir() else "is a file, not a folder" if root.exists() else "does not exist"
+
+
+def _env_problem() -> str:
+    """What is wrong with ``$LABKIT_DATA`` and what to do, or "" when it is unset or a folder."""
+    env = data_env()
+    if env is None or env.is_dir():
+        return ""
+    if env.exists():
+        return (f"LABKIT_DATA={env} is a file, not a folder: point it at the folder that holds the data sets "
+                f"(cifar-10-batches-bin/, fashion-mnist/)")
+    return f"LABKIT_DATA={env} does not exist: fix the variable, or create the folder"
+
+
 def search_roots() -> list[tuple[str, Path]]:
     """Where datasets are looked for, in order, each with the reason it is searched."""
     roots = []
@@ -165,11 +182,8 @@ def find(name: str, file: str | None = None) -> Path:
         folder = root / ds.folder
         if (folder / need).is_file() or (file is None and any((folder / f).is_file() for f in ds.files)):
             return folder
-        looked.append(f"{folder} ({label}{'' if root.is_dir() else ', which does not exist'})")
-    hint = ""
-    env = data_env()
-    if env is not None and not env.is_dir():
-        hint = f" LABKIT_DATA={env} does not exist: fix the variable, or create the folder."
+        looked.append(f"{folder} ({label}{', which ' + root_state(root) if root_state(root) else ''})")
+    hint = f" {_env_problem()}." if _env_problem() else ""
     raise DataNotFound(
         f"{name}: {need} not found. Looked in: {'; '.join(looked)}.{hint} "
         f"Fetch it with `{ds.fetch_hint}` (needs internet), or point LABKIT_DATA at a folder that holds "
@@ -213,10 +227,16 @@ def fetch(name: str, root: str | Path | None = None, progress: bool = True,
     """
     pooch = _pooch()
     ds = get_dataset(name)
-    if root is None and data_env() is not None and not data_env().is_dir():
-        raise DataError(f"LABKIT_DATA={data_env()} does not exist, so there is nowhere to download {name} to: fix "
-                        f"the variable, create the folder, or pass --root")
+    if root is None and _env_problem():
+        problem, _, todo = _env_problem().partition(": ")
+        raise DataError(f"{problem}, so there is nowhere to download {name} to: {todo}; or pass --root")
     root = Path(root) if root is not None else default_download_root()
+    from .outputs import OutputError, writable_folder
+
+    try:
+        writable_folder(root, "the download folder")
+    except OutputError as exc:
+        raise DataError(f"{exc} (--root, or LABKIT_DATA, says where data goes)") from None
     folder = root / ds.folder
     if all((folder / f).is_file() for f in ds.files):
         return folder
@@ -302,9 +322,7 @@ def read_cifar_batch(path: str | Path, limit: int | None = None) -> tuple[np.nda
     path = Path(path)
     size = path.stat().st_size
     if size % CIFAR_RECORD:
-        raise DataError(f"{path} is truncated mid-record: {size} bytes is not a multiple of the {CIFAR_RECORD}-byte "
-                        f"record ({size // CIFAR_RECORD} whole records, then {size % CIFAR_RECORD} stray bytes). "
-                        f"Fetch the file again.")
+        raise _mid_record(path, size)
     count = size // CIFAR_RECORD
     _verify(path, complete=count == 10000)
     n = count if limit is None else min(limit, count)
@@ -315,14 +333,25 @@ def read_cifar_batch(path: str | Path, limit: int | None = None) -> tuple[np.nda
     return np.ascontiguousarray(raw[:, 1:].reshape(n, 3, 32, 32)), labels
 
 
-def _take(n: int | None, have: int, name: str, split: str, where: str) -> int:
+def _mid_record(path: Path, size: int) -> DataError:
+    return DataError(f"{path} is truncated mid-record: {size} bytes is not a multiple of the {CIFAR_RECORD}-byte "
+                     f"record ({size // CIFAR_RECORD} whole records, then {size % CIFAR_RECORD} stray bytes). "
+                     f"Fetch the file again (labkit data fetch cifar10).")
+
+
+def _take(n: int | None, have: int, name: str, split: str, where: str, partial: str = "") -> int:
+    """``n`` (all ``have`` when None), or one line saying how many there are; ``partial`` names the file that
+    ends early."""
     if n is None:
         return have
     if n < 1:
         raise ValueError(f"asked for {n} images; ask for at least 1")
+    if have == 0:
+        raise DataError(f"asked for {n} {name} {split} images but {where} holds none"
+                        + (f" ({partial} is empty)" if partial else "") + ": fetch the data again")
     if n > have:
         raise DataError(f"asked for {n} {name} {split} images but only {have} exist in {where}. Ask for at most "
-                        f"{have}" + (" (this copy of the test batch is partial)" if have % 10000 else "") + ".")
+                        f"{have}" + (f" (this copy of {partial} is partial)" if partial else "") + ".")
     return n
 
 
@@ -332,16 +361,23 @@ def load_cifar10(n: int | None = None, split: str = "train") -> Images:
     folder = find("cifar10", files[0])
     # Official order: the images after a missing or partial batch file are unknown, so count only the batch files
     # up to the first missing one and up to (including) the first partial one.
-    paths, have = [], 0
+    # A file truncated mid-record cannot be read at all: refused when the images asked for reach into it.
+    paths, have, partial = [], 0, ""
     for f in files:
         if not (folder / f).is_file():
             break
+        size = (folder / f).stat().st_size
+        if size % CIFAR_RECORD:
+            if n is None or n > have:
+                raise _mid_record(folder / f, size)
+            break
         paths.append(folder / f)
-        count = (folder / f).stat().st_size // CIFAR_RECORD
+        count = size // CIFAR_RECORD
         have += count
         if count < 10000:
+            partial = f
             break
-    n = _take(n, have, "CIFAR-10", split, str(folder))
+    n = _take(n, have, "CIFAR-10", split, str(folder), partial)
     images, labels, left = [], [], n
     for path in paths:
         if left == 0:

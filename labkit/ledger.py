@@ -41,14 +41,17 @@ def _default_command() -> str:
 
 
 def _labkit_version() -> str:
-    try:
-        from importlib.metadata import version
+    from . import __version__  # the one version: pyproject.toml reads it from there
 
-        return version("labkit")
-    except Exception:
-        from . import __version__
+    return __version__
 
-        return __version__
+
+#: keys every line of a kit's ledger has (a file whose first line lacks one is not a ledger of the kit)
+LINE_KEYS = ("net", "images", "device", "layer", "seconds", "date")
+
+
+class LedgerError(ValueError):
+    """A file that cannot take a run's lines: not a ledger of the kit, or another device's ledger."""
 
 
 class Recorded(list):
@@ -66,13 +69,56 @@ class Recorded(list):
 
 class Ledger:
     """Append-only JSON lines, one per layer plus a ``total`` line per run: results come from RunReports,
-    never typed in, and keep the device, date and command that produced them."""
+    never typed in, and keep the device, date and command that produced them.
 
-    def __init__(self, path: str | Path | None = None):
+    A ledger named by its path keeps one device's runs (``one_device``): a line of another device is refused, so a
+    GPU's results folder never gets simulator rows. The default ledger (``results/ledger.jsonl``, this clone's
+    working ledger, which a machine may fill from the simulator and from its GPU) takes any device's; its readers
+    filter by device. Either refuses to append to a file that is not a ledger of the kit."""
+
+    def __init__(self, path: str | Path | None = None, one_device: bool | None = None):
         self.path = Path(path) if path is not None else default_ledger_path()
+        self.one_device = path is not None if one_device is None else one_device
+
+    def first_line(self, todo: str = "record to a new .jsonl file") -> dict | None:
+        """The ledger's first line, or None when the file is absent or holds no line yet; ``LedgerError`` when the
+        path is a folder or the file is not a ledger of the kit (a text file, another program's JSON), the message
+        ending with ``todo``."""
+        if self.path.is_dir():
+            raise LedgerError(f"{self.path} is a folder, not a ledger file: name a .jsonl file, e.g. "
+                              f"{self.path / 'ledger.jsonl'}")
+        if not self.path.is_file():
+            return None
+        with self.path.open("rb") as fh:
+            for _ in range(100):
+                raw = fh.readline(1 << 16)  # bounded: a binary file may have no line breaks
+                if not raw:
+                    return None
+                if raw.strip():
+                    break
+            else:
+                raw = b""
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            row = None
+        if not isinstance(row, dict) or any(key not in row for key in LINE_KEYS):
+            raise LedgerError(f"{self.path} is not a labkit ledger (its first line is not one of the JSON lines "
+                              f"`labkit run --record` and `labkit bench` write): {todo}")
+        return row
+
+    def check(self, device: str | None = None) -> None:
+        """Refuse, before a run, a file this run's lines cannot go to: not a ledger of the kit, or (``one_device``)
+        the ledger of another device than ``device``."""
+        first = self.first_line()
+        if first is not None and device is not None and self.one_device and first["device"] != device:
+            raise LedgerError(f"{self.path} holds runs on {first['device']}, and this run is on {device}: a ledger "
+                              f"keeps one device's runs, so record to another file")
 
     def record(self, report: RunReport, command: str | None = None) -> Recorded:
-        """Append ``report``; returns the lines written. Lines of one run share ``run`` and ``date``."""
+        """Append ``report``; returns the lines written. Lines of one run share ``run`` and ``date``. Raises
+        ``LedgerError`` (before writing anything) where ``check`` refuses the file."""
+        self.check(report.device)
         try:
             layers = report.layers()
         except ValueError:  # a spec the registry does not know: keep the layers as given

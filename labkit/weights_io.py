@@ -56,6 +56,8 @@ def load_weights(net: str | Net, path: str | Path | None = None) -> dict[str, np
             raise FileNotFoundError(NOT_SHIPPED[net.name])
     path = Path(path) if path is not None else shipped_weights_path(net)
     if path.is_dir():
+        if net.name != "cifar10":  # the C study's text weights are cifar10's: a folder can hold nothing else
+            raise FileNotFoundError(_folder_hint(path, net))
         return load_c_study_weights(path, net)
     if path.suffix == ".params" and path.is_file():
         return load_mxnet_params(path, net)
@@ -66,13 +68,57 @@ def load_weights(net: str | Net, path: str | Path | None = None) -> dict[str, np
             + ("; the shipped weights are made by `python tools/train_weights.py`" if path.parent == WEIGHTS_DIR
                else "")
         )
+    not_npz = _not_npz(path)
+    if not_npz:
+        raise ValueError(not_npz)
     try:
         with np.load(path, allow_pickle=False) as data:
             weights = {k: data[k] for k in data.files if not k.startswith("_")}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{path} is not a readable .npz weights file ({type(exc).__name__}: {exc}); pass the file "
-                         f"again (a complete copy), or leave --weights out to use the kit's own") from None
+        # never pass on numpy's advice to load with allow_pickle: a weights file holds plain arrays
+        why = "it holds Python objects, not plain arrays" if "pickle" in str(exc) else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"{path} is not a readable .npz weights file ({why}); pass the file again (a complete "
+                         f"copy), or leave --weights out to use the kit's own") from None
     return validate_weights(net, weights, source=str(path))
+
+
+_WEIGHTS_KINDS = "an .npz file, a folder of the C study's layerN_*.txt files (cifar10), or the ECE408 .params file"
+
+
+def _not_npz(path: Path) -> str:
+    """Why ``path`` is not an .npz file, from its first bytes (an .npz is a zip archive), or "" when it may be one.
+    Said before numpy reads it: numpy takes anything else for pickled data and advises loading it unsafely."""
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    if head.startswith(b"PK"):
+        return ""
+    if head.startswith(b"\x93NUMPY"):
+        what = "a single .npy array; weights are an .npz of named arrays (numpy.savez)"
+    elif head.lstrip()[:1] in (b"{", b"["):
+        try:
+            doc = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        if isinstance(doc, dict) and "nodes" in doc and "arg_nodes" in doc:
+            params = sorted(path.parent.glob("*.params"))
+            where = f" ({params[0]} beside it)" if params else ""
+            return (f"{path} is an MXNet symbol file: the network's structure, no weights. The weights are in the "
+                    f".params file saved with it{where}: pass that with --net ece408")
+        what = "a JSON file"
+    elif b"\0" not in head[:1024]:
+        what = "a text file"
+    else:
+        what = "a file of another kind"
+    return f"{path} is not an .npz weights file: it is {what}. Pass {_WEIGHTS_KINDS}"
+
+
+def _folder_hint(folder: Path, net: Net) -> str:
+    """What to pass instead of a folder, for a net whose weights are one file."""
+    files = sorted([*folder.glob("*.params"), *folder.glob("*.npz")])
+    if files:
+        return f"{folder} is a folder: for --net {net.name} pass the weights file in it, e.g. {files[0]}"
+    one = "the ECE408 project's .params file" if net.name == "ece408" else "an .npz file"
+    return f"{folder} is a folder and holds no weights file (.npz or .params): for --net {net.name} pass {one}"
 
 
 def save_weights(path: str | Path, net: str | Net, weights: dict[str, np.ndarray],
@@ -165,8 +211,10 @@ def load_c_study_weights(folder: str | Path, net: str | Net = "cifar10") -> dict
         raise ValueError(f"the C study's text weights describe the cifar10 network, not {net.name!r}")
     missing = [name for name in C_STUDY_FILES.values() if not (folder / name).exists()]
     if missing:
+        files = sorted([*folder.glob("*.params"), *folder.glob("*.npz")])
+        other = f" (it holds {files[0].name}: pass that file itself)" if files else ""
         raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}; a C-study weights folder holds "
-                                f"{', '.join(C_STUDY_FILES.values())}")
+                                f"{', '.join(C_STUDY_FILES.values())}{other}")
     weights = {}
     for layer, fname in C_STUDY_FILES.items():
         if layer == "fc":

@@ -418,3 +418,22 @@ def test_cudnn_precision_is_one_of_the_three_paths():
     assert cudnn.PRECISIONS == ("fp32", "tf32", "fp16")
     with pytest.raises(ValueError, match="precision must be one of fp32, tf32, fp16, not 'bf16'"):
         cudnn.time_forward(None, precision="bf16")  # refused before PyTorch or a GPU is needed
+
+
+def test_append_keeps_earlier_rows_and_a_failing_folder_loses_nothing(tmp_path, monkeypatch, capsys):
+    out, rows = _fake_out(tmp_path, monkeypatch)
+    assert bench._write(out, rows, "first bench") == out
+    again = [dict(rows[2], total_s=rows[2]["total_s"] / 2)]  # "05 b" measured again, faster
+    bench._write(out, again, "second bench", append=True)
+    data = json.loads((out / "bench.json").read_text())
+    assert [r["stage"] for r in data["rows"]] == ["04 a", "04 c", bench.REFERENCE_STAGE, "cuDNN (PyTorch x)", "05 b"]
+    assert data["rows"][-1]["total_s"] == rows[2]["total_s"] / 2
+    assert data["meta"]["command"] == "second bench" and data["meta"]["earlier"][0]["command"] == "first bench"
+    assert "05 b" in (out / "summary.md").read_text() and "04 a" in (out / "summary.md").read_text()
+
+    (out / "bench.json").unlink()
+    (out / "bench.json").mkdir()  # the write now fails, as on a full disk or a folder gone read-only
+    where = bench._write(out, rows, "third bench")
+    assert where != out and json.loads((where / "bench.json").read_text())["meta"]["command"] == "third bench"
+    assert (where / "ledger.jsonl").read_text() == (out / "ledger.jsonl").read_text()
+    assert f"wrote them to {where} instead" in capsys.readouterr().err

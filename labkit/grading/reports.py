@@ -37,17 +37,26 @@ def _json_default(o):
     return str(o)
 
 
-def write_reports(out: Path, report: dict, gradescope: bool = True) -> None:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "grades.json").write_text(json.dumps(report, indent=1, default=_json_default))
-    with open(out / "grades.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for row in report["rows"]:
-            w.writerow({k: _csv_value(row.get(k)) for k in CSV_FIELDS})
-    if gradescope:
-        write_gradescope(out, report)
+def write_reports(out: Path, report: dict, gradescope: bool = True) -> Path:
+    """Write the reports under ``out``; returns the folder written. Where ``out`` fails at the end of a run (removed,
+    full, its permissions changed), they go to a fallback folder instead, named on stderr and in
+    ``meta["written_to"]``: a graded class is never lost to a write error."""
+    from ..outputs import write_or_fallback
+
+    def write(folder: Path) -> None:
+        if folder != Path(out):
+            report["meta"]["written_to"] = str(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "grades.json").write_text(json.dumps(report, indent=1, default=_json_default))
+        with open(folder / "grades.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            for row in report["rows"]:
+                w.writerow({k: _csv_value(row.get(k)) for k in CSV_FIELDS})
+        if gradescope:
+            write_gradescope(folder, report)
+
+    return write_or_fallback(Path(out), write, "grades")
 
 
 # ------------------------------------------------------------------------------------------- Gradescope
