@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
+from . import __version__
 from . import data as data_mod
 from .nets import NETS, get_net
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="labkit")
+@click.version_option(version=__version__, prog_name="labkit")  # the one version (pyproject.toml reads it)
 def main():
     """CNN-on-GPU course lab kit."""
 
@@ -61,7 +62,8 @@ def data_where():
         click.echo(f"{'$LABKIT_DATA':<18} (unset: set it to a folder holding the data sets to look there first)")
     for label, root in data_mod.search_roots():
         found = [n for n, ds in data_mod.DATASETS.items() if (root / ds.folder).is_dir()]
-        state = ("has " + ", ".join(found)) if found else "(nothing)" if root.is_dir() else "(does not exist)"
+        state = ("has " + ", ".join(found)) if found else "(nothing)" if root.is_dir() \
+            else f"({data_mod.root_state(root)})"
         click.echo(f"{label:<18} {root}  {state}")
 
 
@@ -100,13 +102,19 @@ def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
               help="Append the per-layer times to this results ledger (JSON lines).")
 def run(net_name, images, weights, download, synthetic, ledger):
     """The main job: the reference forward pass with the report in the network's original format."""
-    from . import engine, weights_io
-    from .ledger import Ledger
+    from . import device, engine, outputs, weights_io
+    from .ledger import Ledger, LedgerError
     from .report import format_report, format_throughput
     from .workloads import Workload
 
     net = get_net(net_name)
     images = images or net.default_images
+    try:
+        if ledger:  # checked before the run: a report is never followed by a traceback
+            outputs.writable_file(ledger, "--record")
+            Ledger(ledger).check(device.label())
+    except (outputs.OutputError, LedgerError) as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         data_mod.check_fits(net, images)
         w = weights_io.load_weights(net, weights)
@@ -122,7 +130,10 @@ def run(net_name, images, weights, download, synthetic, ledger):
     click.echo("")
     click.echo(format_throughput(result.report))
     if ledger:
-        Ledger(ledger).record(result.report, command=" ".join(["labkit", *sys.argv[1:]]))
+        command, recorded = " ".join(["labkit", *sys.argv[1:]]), []
+        outputs.write_or_fallback(ledger.parent, lambda folder: recorded.append(Ledger(
+            folder / ledger.name).record(result.report, command=command)), "ledger lines")
+        click.echo(f"recorded {len(recorded[-1])} lines in {recorded[-1].path}")
 
 
 def _csv_list(value: str | None) -> list[str] | None:
@@ -139,7 +150,11 @@ def _csv_list(value: str | None) -> list[str] | None:
 @click.option("--notebooks", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Folder of stage notebooks (default: solutions/).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for ledger.jsonl, bench.csv, bench.json, summary.md and plots (default: results/scratch).")
+              help="Folder for ledger.jsonl, bench.csv, bench.json, summary.md and plots (default: results/scratch); "
+                   "one that holds results is refused unless --force or --append.")
+@click.option("--force", is_flag=True, help="Replace the results already in --out (its ledger, tables and plots).")
+@click.option("--append", is_flag=True, help="Add this run's rows to the results already in --out (the same device's "
+              "only; rows measured again are replaced).")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed runs per variant after the warm-up; per-layer medians are reported.")
 @click.option("--budget", type=click.FloatRange(min=0), default=10.0, show_default=True,
@@ -155,8 +170,8 @@ def _csv_list(value: str | None) -> list[str] | None:
 @click.option("--skip", default=None, help="Variant names to leave out, comma-separated (shell patterns, e.g. "
               "'cpu_prange_reduction' or '02 cpu_*'); they are listed as skipped.")
 @click.option("--no-baselines", is_flag=True, help="Skip the numpy reference and cuDNN rows.")
-def bench(stages, nets, images, notebooks, out, repeat, budget, per_image_max, cpu_max, slow_max_gflop, skip,
-          no_baselines):
+def bench(stages, nets, images, notebooks, out, force, append, repeat, budget, per_image_max, cpu_max, slow_max_gflop,
+          skip, no_baselines):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
     from . import bench as bench_mod
     from .stages import solutions_folder
@@ -165,13 +180,17 @@ def bench(stages, nets, images, notebooks, out, repeat, budget, per_image_max, c
     folder = notebooks or solutions_folder()
     try:
         chosen = bench_mod.validate(_csv_list(stages), _csv_list(nets), counts, folder)
+        out = bench_mod.prepare_out(out, force=force, append=append)
         rows = bench_mod.bench(chosen, _csv_list(nets), counts, folder, out, repeat,
                                bench_mod.Limits(per_image_max, cpu_max, slow_gflop=slow_max_gflop, budget_s=budget),
                                baselines=not no_baselines,
-                               skip=_csv_list(skip))
+                               skip=_csv_list(skip), append=append)
     except bench_mod.BenchError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(bench_mod.table(rows))
+    plots = sum(1 for pattern in bench_mod.OUTPUT_PLOTS for _ in rows.folder.glob(pattern))
+    click.echo(f"\nwrote ledger.jsonl, bench.json, bench.csv, summary.md and {plots} plots "
+               f"{'(this run added) ' if append else ''}in {rows.folder}")
 
 
 def _image_counts(images: str | None) -> tuple[int, ...] | None:
@@ -203,7 +222,8 @@ def _image_counts(images: str | None) -> tuple[int, ...] | None:
 @click.option("--solutions", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder of reference solution notebooks (default: solutions/ of this checkout).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("grades"), show_default=True,
-              help="Folder for grades.csv, grades.json and the Gradescope results.json files.")
+              help="Folder for grades.csv, grades.json and the Gradescope results.json files; one that holds a report "
+                   "is refused unless --merge or --force.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Submissions graded at the same time (one process each). Keep 1 when timing matters.")
 @click.option("--gpus", default=None, help="'all' or GPU indices (0,2): one job per GPU, each pinned to its GPU.")
@@ -211,9 +231,11 @@ def _image_counts(images: str | None) -> tuple[int, ...] | None:
               help="Grade on a Dask cluster: local[:N], slurm:N (dask-jobqueue) or a scheduler address.")
 @click.option("--merge/--no-merge", default=None,
               help="Update the report in --out, replacing only the graded rows (default: with --students or --stages).")
+@click.option("--force", is_flag=True, help="Write into an --out that already holds files, replacing its report.")
 @click.option("--seed", type=int, default=None, help="Seed of the random test inputs (default: fresh; recorded).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, cluster, merge, seed, no_progress):
+def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, cluster, merge, force, seed,
+          no_progress):
     """Grade student notebooks: correctness, accuracy and op time per stage, into CSV, JSON and Gradescope reports.
 
     SUBMISSIONS is a folder with one sub-folder per student (each holding notebooks/ or the .ipynb files),
@@ -231,6 +253,7 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
         raise click.BadParameter("takes stage numbers separated by commas, e.g. 01,04", param_hint="--stages")
     if students is not None and not _csv_list(students):
         raise click.BadParameter("takes student folder names separated by commas", param_hint="--students")
+    _grades_out(out, merge if merge is not None else bool(_csv_list(students) or _csv_list(stages)), force)
     try:
         report = grading.grade(submissions, _csv_list(stages), rubric, solutions, out, jobs, seed,
                                progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]),
@@ -240,17 +263,54 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
     click.echo(grading.summary_table(report))
     gs = "results.json" if report["meta"].get("single_submission") and report["meta"]["students"] == 1 \
         else "gradescope/<student>/results.json"
+    out = Path(report["meta"].get("written_to") or out)  # a fallback folder, where --out failed at the end
     click.echo(f"\nwrote {out / 'grades.csv'}, {out / 'grades.json'} and {out / gs}")
+
+
+def _grades_out(out: Path, merge: bool, force: bool) -> None:
+    """Refuse, before any grading, an --out that cannot be written, or one holding files the run would replace or
+    mix with: a report unless it is merged into (--merge) or replaced (--force), other files unless --force."""
+    from . import outputs
+
+    try:
+        outputs.writable_folder(out, "--out")
+    except outputs.OutputError as exc:
+        raise click.ClickException(str(exc)) from None
+    held = outputs.contents(out)
+    if not held or force or (merge and "grades.json" in held):
+        return
+    if "grades.json" in held:
+        raise click.ClickException(f"--out {out} already holds a report (grades.json): pass --merge to update its "
+                                   f"rows, --force to replace it, or name a new folder")
+    raise click.ClickException(f"--out {out} is not empty ({outputs.listed(held)}) and holds no report: name a new "
+                               f"or empty folder, or pass --force to write into it")
 
 
 @main.command()
 @click.argument("ledgers", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Folder for summary.md and the ladder plots.")
-def ladder(ledgers, out):
+              help="Folder for summary.md and the ladder plots; one that holds files is refused unless --force.")
+@click.option("--force", is_flag=True, help="Replace the summary and ladder plots already in --out.")
+def ladder(ledgers, out, force):
     """Summarize recorded runs (ledger files of `labkit bench`) as a table and ladder plots."""
     from . import bench as bench_mod
+    from . import outputs
+    from .ledger import Ledger, LedgerError
 
+    try:
+        for path in ledgers:
+            if Ledger(path).first_line("name a ledger.jsonl that labkit wrote") is None:
+                raise LedgerError(f"{path} holds no runs: name a ledger that `labkit bench` or `labkit run --record` "
+                                  f"wrote")
+        outputs.writable_folder(out, "--out")
+    except (LedgerError, outputs.OutputError) as exc:
+        raise click.ClickException(str(exc)) from None
+    held = outputs.contents(out)
+    if held and not force:
+        raise click.ClickException(f"--out {out} already holds {outputs.listed(held)}: pass --force to replace the "
+                                   f"summary and plots, or name a new folder")
+    for old in [out / "summary.md", *out.glob("ladder_*.png")] if held else []:
+        old.unlink(missing_ok=True)
     rows = bench_mod.summarize(list(ledgers), out, " ".join(["labkit", *sys.argv[1:]]))
     click.echo(bench_mod.table(rows))
 
@@ -362,6 +422,16 @@ def lab(folder, jupyter_args):
     Other arguments go to JupyterLab as they are, e.g. `labkit lab --no-browser --port 8890`.
     """
     folder = (folder or _lab_folder()).resolve()
+    books = sorted(p.name for p in folder.glob("*.ipynb"))
+    if not books:
+        raise click.ClickException(f"--notebooks {folder} holds no notebooks (.ipynb): name the folder that holds "
+                                   f"the course's notebooks (notebooks/ in your clone of the kit)")
+    first = "00_setup.ipynb" if "00_setup.ipynb" in books else books[0]
+    args = list(jupyter_args)
+    if _is_root() and not any(a.startswith(("--allow-root", "--ServerApp.allow_root")) for a in args):
+        click.echo("Running as root (as in many containers), which JupyterLab refuses without --allow-root: passing "
+                   "it (run `labkit lab` as another user where you can).")
+        args.append("--allow-root")
     try:
         from jupyterlab.labapp import LabApp
     except ImportError:
@@ -371,9 +441,15 @@ def lab(folder, jupyter_args):
     import subprocess
 
     subprocess.run([sys.executable, "-c", "from labkit.cli import _lab_check; _lab_check()"], check=False)
-    click.echo(f"Starting JupyterLab on {folder} (start with 00_setup.ipynb; Ctrl+C stops the server).")
+    click.echo(f"Starting JupyterLab on {folder} (start with {first}; Ctrl+C stops the server).")
     sys.stdout.flush()
-    LabApp.launch_instance(argv=[f"--ServerApp.root_dir={folder}", *jupyter_args])
+    LabApp.launch_instance(argv=[f"--ServerApp.root_dir={folder}", *args])
+
+
+def _is_root() -> bool:
+    import os
+
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 if __name__ == "__main__":
