@@ -10,6 +10,7 @@ float64 reference's. GPU code on the CUDA simulator is checked on the simulator'
 from __future__ import annotations
 
 import os
+import re
 import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -43,6 +44,7 @@ class CheckResult:
     seed: int | None = None
     shapes: dict = field(default_factory=dict)
     note: str = ""  # a PASS that is not about values (a technique check) says what it found instead
+    given: str = ""  # where the checked code came from when it is not the notebook's own ("stage 02", "the kit")
 
     def __bool__(self) -> bool:
         return self.passed
@@ -340,14 +342,58 @@ def check_variant(variant: Variant, net: str | Net | None = None, quiet: bool = 
                                     quiet=True, batches=batches)
                 if spec is not nets[0]:
                     r.name = f"{spec.name} {r.name}"
+                r.given = origin(fn, variant.stage) or ""
                 if not quiet:
                     print(r)
+                    if not r.passed and variant.target == "gpu" and layer.kind == "conv" and " element" in r.detail: print(f"  to see the thread that wrote it, yours vs the spec: lk.show.failure(VARIANTS[{variant.name!r}], {spec.name!r}, {layer.name!r})")  # noqa: E501,E701
                 done[key] = r
             layer_results.append(done[key])
         results += layer_results
         if network and layer_results and all(results):  # a chain is worth checking once its layers pass
-            results.append(check_network(variant, spec, quiet=quiet, batches=batches))
+            r = check_network(variant, spec, quiet=quiet, batches=batches)
+            origins = [origin(fn, variant.stage) for fn in variant.impls.values()]
+            r.given = ", ".join(sorted(set(origins))) if all(origins) else ""
+            results.append(r)
     return results
+
+
+_NOTEBOOK_CELL = re.compile(r"^<(\d\d)_\w+\.ipynb cell \d+>$")
+
+
+def origin(fn: Callable, stage: str | None = None) -> str | None:
+    """Where a layer function comes from, when it is not the checked notebook's own code: "the kit" (labkit's
+    layers and wrappers around them), "stage NN" (the given code of another stage, ``lk.from_stage``); None for the
+    code of the notebook of ``stage`` (the student's). Wrappers are followed to what they wrap (``device_fn``)."""
+    seen = 0
+    while hasattr(fn, "device_fn") and fn.device_fn is not fn and seen < 8:
+        fn, seen = fn.device_fn, seen + 1
+    fn = getattr(fn, "py_func", fn)
+    fn = getattr(fn, "func", fn)  # functools.partial
+    code = getattr(fn, "__code__", None) or getattr(getattr(type(fn), "__call__", None), "__code__", None)
+    if code is None:
+        return None
+    name = code.co_filename
+    m = _NOTEBOOK_CELL.match(name)
+    if m:
+        return None if m.group(1) == stage else f"stage {m.group(1)}"
+    if os.path.abspath(name).startswith(_LIBRARY_DIRS[0] + os.sep):
+        return "the kit"
+    return None
+
+
+def given_summary(results: list[CheckResult]) -> str:
+    """One line for the checks of given code that passed: where the code came from and how many checks passed
+    ("given code (stage 02, the kit): 7 layers and 2 forward passes PASS"); "" when there are none."""
+    passed = [r for r in results if r.given and r.passed]
+    if not passed:
+        return ""
+    where = sorted({part for r in passed for part in r.given.split(", ")}, key=lambda w: (w == "the kit", w))
+    where = [w.replace("the kit", "the kit's layers") for w in where]
+    forward = sum(1 for r in passed if r.name.endswith(" forward"))
+    layers = len(passed) - forward
+    counts = [f"{layers} layer{'s' * (layers != 1)}"] if layers else []
+    counts += [f"{forward} forward pass{'es' * (forward != 1)}"] if forward else []
+    return f"given code ({', '.join(where)}): {' and '.join(counts)} PASS"
 
 
 MEMORY_WORDS = {"shared": "shared memory", "constant": "constant memory"}

@@ -62,12 +62,16 @@ class Checked(dict):
 
 
 def check(variants: dict[str, Variant], net: str | None = None) -> Checked:
-    """Check every variant on every net it runs (each function on its own, then the whole forward pass); print
-    one line per check. A function several variants share (given code, say) is checked once; a variant with the
-    same functions and launch pattern as an earlier one is not checked again."""
+    """Check every variant on every net it runs (each function on its own, then the whole forward pass). The
+    notebook's own functions get one line per check; the given code (earlier stages' solutions, the kit's layers)
+    one line in all at the end, unless a check of it fails. A function several variants share is checked once; a
+    variant with the same functions and launch pattern as an earlier one is not checked again."""
+    from .check import given_summary
+
     checked = Checked()
     seen: dict = {}
     done: dict = {}
+    given: dict = {}  # id -> result: every check of given code, once
     for name, variant in variants.items():
         key = (variant.arrays, variant.per_image, variant.nets, variant.fuse,
                tuple(sorted((k, id(f)) for k, f in variant.impls.items())))
@@ -76,8 +80,19 @@ def check(variants: dict[str, Variant], net: str | None = None) -> Checked:
             checked[name] = checked[seen[key]]
             continue
         seen[key] = name
-        print(f"-- {name}")
-        checked[name] = check_variant(variant, net, done=done)
+        before = set(map(id, done.values()))
+        results = checked[name] = check_variant(variant, net, done=done, quiet=True)
+        own = [r for r in results if not r.given and (id(r) not in before or r.name.endswith(" forward"))]
+        print(f"-- {name}" + ("" if own or not results else " (given code only: in the line below)"))
+        for r in results:
+            if r.given and r.passed:
+                given[id(r)] = r
+            elif id(r) not in before or r.name.endswith(" forward"):
+                print(f"{variant.label}: SKIPPED ({r.detail[len('skipped: '):]})" if r.detail.startswith("skipped: ")
+                      else r)
+    line = given_summary(list(given.values()))
+    if line:
+        print(line)
     return checked
 
 

@@ -1,11 +1,16 @@
 """Regenerate the student notebooks in notebooks/ from the complete ones in solutions/.
 
-Code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes a TODO stub that raises
+Code between ``### BEGIN SOLUTION name`` and ``### END SOLUTION`` becomes a TODO stub that raises
 NotImplementedError and says roughly how many lines the answer takes; in CUDA C source held in a string, code
-between ``/// BEGIN SOLUTION`` and ``/// END SOLUTION`` becomes a stub that returns before writing anything. Both
+between ``/// BEGIN SOLUTION name`` and ``/// END SOLUTION`` becomes a stub that returns before writing anything. Both
 stubs carry ``labkit.stages.STUB_MARK``: the launch layer refuses a kernel (and ``lk.gpu.raw_module`` a source) that
 still has it, so an untouched kernel is "not implemented" on a GPU too, where kernels raise nothing. Outputs are
 dropped.
+
+A task's size is counted once, from its solution block (lines that are neither blank nor comments), and rendered
+twice from that one count: in the stub, and in the task's spec, which names the block with a placeholder,
+``{{lines:name}}`` ("7 lines"), or ``{{lines:a+b}}`` for a spec that covers several blocks. The solution notebook
+keeps the placeholder (its code is right below it); a name that no block has is an error.
 
     python tools/make_student.py           # write notebooks/
     python tools/make_student.py --check   # exit 1 if notebooks/ is out of date (the tests do this)
@@ -17,6 +22,7 @@ import argparse
 import copy
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -26,19 +32,31 @@ sys.path.insert(0, str(REPO))
 from labkit.stages import STUB_MARK  # noqa: E402 - the marker the launch layer looks for
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-_BEGIN_RE = re.compile(r"^(\s*)(###|///) BEGIN SOLUTION\s*$")
+_BEGIN_RE = re.compile(r"^(\s*)(###|///) BEGIN SOLUTION(?:[ \t]+([A-Za-z_]\w*))?\s*$")
+PLACEHOLDER = re.compile(r"\{\{lines:([A-Za-z_]\w*(?:\+[A-Za-z_]\w*)*)\}\}")
 
 
-def stub_source(source: str) -> str:
-    """Replace each solution block by a stub at the block's indentation."""
-    out, lines, i = [], source.splitlines(), 0
+@dataclass(frozen=True)
+class Block:
+    """One solution block: its name (None when unnamed), where it is, and its size in lines of code."""
+
+    name: str | None
+    mark: str  # "###" (Python) or "///" (CUDA C in a string)
+    indent: str
+    start: int  # index of the BEGIN line
+    end: int  # index of the END line
+    size: int
+
+
+def blocks(source: str) -> list[Block]:
+    """The solution blocks of one cell's source, in order."""
+    found, lines, i = [], source.splitlines(), 0
     while i < len(lines):
         m = _BEGIN_RE.match(lines[i])
         if not m:
-            out.append(lines[i])
             i += 1
             continue
-        indent, mark = m.group(1), m.group(2)
+        indent, mark, name = m.group(1), m.group(2), m.group(3)
         end = f"{mark} END SOLUTION"
         j = i + 1
         while j < len(lines) and lines[j].strip() != end:
@@ -47,23 +65,69 @@ def stub_source(source: str) -> str:
             raise ValueError(f"'{mark} BEGIN SOLUTION' without '{end}' in:\n{source}")
         comment = "#" if mark == "###" else "//"
         size = sum(1 for line in lines[i + 1:j] if line.strip() and not line.strip().startswith(comment))
-        if mark == "###":
-            out.append(f"{indent}# TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
-            out.append(f'{indent}raise NotImplementedError("{STUB_MARK}")')
-        else:
-            out.append(f"{indent}// TODO: your code here (the solution takes about {size} line{'s' * (size != 1)})")
-            out.append(f"{indent}return;  // {STUB_MARK}")
+        found.append(Block(name, mark, indent, i, j, size))
         i = j + 1
-    return "\n".join(out)
+    return found
+
+
+def lines_text(size: int) -> str:
+    return f"{size} line{'s' * (size != 1)}"
+
+
+def stub_source(source: str) -> str:
+    """Replace each solution block by a stub at the block's indentation."""
+    lines, out, at = source.splitlines(), [], 0
+    for b in blocks(source):
+        out += lines[at:b.start]
+        if b.mark == "###":
+            out.append(f"{b.indent}# TODO: your code here (the solution takes about {lines_text(b.size)})")
+            out.append(f'{b.indent}raise NotImplementedError("{STUB_MARK}")')
+        else:
+            out.append(f"{b.indent}// TODO: your code here (the solution takes about {lines_text(b.size)})")
+            out.append(f"{b.indent}return;  // {STUB_MARK}")
+        at = b.end + 1
+    return "\n".join(out + lines[at:])
+
+
+def block_sizes(nb: nbformat.NotebookNode) -> dict[str, int]:
+    """Name -> size of every named solution block of a notebook; a name used twice is an error."""
+    sizes: dict[str, int] = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for b in blocks(cell.source):
+            if b.name is None:
+                continue
+            if b.name in sizes:
+                raise ValueError(f"two solution blocks are named {b.name!r}")
+            sizes[b.name] = b.size
+    return sizes
+
+
+def render_sizes(text: str, sizes: dict[str, int]) -> str:
+    """Resolve every ``{{lines:name}}`` placeholder of a spec from the blocks' sizes."""
+
+    def size(m: re.Match) -> str:
+        names = m.group(1).split("+")
+        unknown = [n for n in names if n not in sizes]
+        if unknown:
+            raise ValueError(f"{m.group(0)}: no solution block named {', '.join(unknown)} "
+                             f"(blocks: {', '.join(sorted(sizes)) or 'none'})")
+        return lines_text(sum(sizes[n] for n in names))
+
+    return PLACEHOLDER.sub(size, text)
 
 
 def student_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb = copy.deepcopy(nb)
+    sizes = block_sizes(nb)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = stub_source(cell.source)
             cell.outputs = []
             cell.execution_count = None
+        else:
+            cell.source = render_sizes(cell.source, sizes)
         cell.metadata.pop("execution", None)
     return nb
 
@@ -77,7 +141,10 @@ def build(solutions: Path = REPO / "solutions", notebooks: Path = REPO / "notebo
     stale = []
     notebooks.mkdir(exist_ok=True)
     for src in sorted(solutions.glob("*.ipynb")):
-        text = render(student_notebook(nbformat.read(src, as_version=4)))
+        try:
+            text = render(student_notebook(nbformat.read(src, as_version=4)))
+        except ValueError as exc:
+            raise ValueError(f"{src.name}: {exc}") from None
         dst = notebooks / src.name
         if not dst.exists() or dst.read_text() != text:
             stale.append(src.name)
@@ -92,7 +159,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report notebooks that are out of date")
     args = parser.parse_args(argv)
-    stale = build(check=args.check)
+    try:
+        stale = build(check=args.check)
+    except ValueError as exc:
+        print(f"make_student: {exc}")
+        return 2
     if args.check and stale:
         print("notebooks/ is out of date for: " + ", ".join(stale) + ". Run `python tools/make_student.py`.")
         return 1
