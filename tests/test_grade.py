@@ -614,23 +614,38 @@ def test_private_solutions_are_copied_for_from_stage(tmp_path):
 
 
 def test_result_frames_are_validated():
-    frame = protocol.encode(protocol.Kind.CASE, {"id": 3}, {"out": np.arange(4, dtype=np.float32)})
-    buf = bytearray(frame + protocol.encode(protocol.Kind.DONE) + b"junk that a student printed" * 2)
+    frame = protocol.encode(protocol.CaseResult(3), {"out": np.arange(4, dtype=np.float32)})
+    buf = bytearray(frame + protocol.encode(protocol.Done()) + b"junk that a student printed" * 2)
     frames, bad = protocol.parse(buf)
     assert [k for k, _, _ in frames] == [protocol.Kind.CASE, protocol.Kind.DONE] and bad is not None
     assert frames[0][1]["id"] == 3 and frames[0][1]["type"] == "case"
+    assert protocol.decode(*frames[0][:2]) == protocol.CaseResult(3)
     assert np.array_equal(protocol.read_array(frames[0][2], "out"), np.arange(4, dtype=np.float32))
     head = json.dumps({"type": "cheer"}).encode()  # a kind neither side defines
     frames, bad = protocol.parse(bytearray(protocol.HEADER.pack(protocol.MAGIC, len(head), 0) + head))
     assert frames == [] and "unknown message 'cheer'" in bad
+    with pytest.raises(protocol.ProtocolError, match="CaseResult.id: expected int"):  # a field of the wrong type
+        protocol.decode(protocol.Kind.CASE, {"type": "case", "id": "3"})
 
 
 def test_message_kinds_are_defined_once():
     assert {k.value for k in protocol.Kind} == {"hello", "phase", "start", "reference", "load_error", "loaded", "case",
                                                 "checks_done", "technique", "accuracy", "accuracy_done", "timing",
                                                 "tampered", "grader_error", "done"}
+    assert set(protocol.MESSAGES) == set(protocol.Kind)  # one message class per kind
     assert {a.value for a in protocol.Answer} == {"continue", "stop"}
     assert str(protocol.Kind.DONE) == "done" and protocol.Kind("done") is protocol.Kind.DONE
+
+
+def test_a_job_crosses_the_pipe_as_one_typed_object():
+    """The job and its variants: to_json and back gives the same objects (shared by parent and child)."""
+    spec = protocol.VariantSpec("v", "gpu", "device", False, ("cifar10",), {"cifar10": ["conv1"]}, fuse=("pool",))
+    job = protocol.JobSpec(mode="student", stage="04", notebook="nb", inputs="in.npz", variants={"v": spec}, nets={},
+                           workloads={"w": protocol.WorkloadSpec("cifar10", "w.x", {"conv1.weight": "w.w0"})},
+                           cases=[protocol.CaseSpec(0, "v", 3, "conv1", "cifar10", "c0.x", {"conv1.weight": "c0.w0"})],
+                           timing=protocol.TimingSpec("v", "w", 1, 3))
+    back = protocol.JobSpec.from_json(json.loads(json.dumps(job.to_json())))
+    assert back == job and back.variants["v"].nets == ("cifar10",) and isinstance(back.cases[0], protocol.CaseSpec)
 
 
 def test_submission_layouts(tmp_path):

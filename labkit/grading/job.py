@@ -18,8 +18,9 @@ from .. import reference
 from ..check import CheckResult, compare, layer_case, network_case
 from ..nets import get_net
 from . import hints, sandbox, scoring
+from . import protocol as P
 from .plan import References, StagePlan
-from .protocol import Answer, Kind, read_array
+from .protocol import read_array
 from .scoring import JobOutcome
 
 
@@ -42,13 +43,15 @@ class Job:
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
 
     # ---- inputs
-    def build(self, folder: Path) -> dict:
-        """The job the child reads (JSON) and its inputs (``inputs.npz``); the answers stay here."""
+    def build(self, folder: Path) -> P.JobSpec:
+        """The job the child reads and its inputs (``inputs.npz``); the answers stay here."""
         plan, r = self.plan, self.plan.rubric
         rng = np.random.default_rng(self.seed)
         arrays: dict[str, np.ndarray] = {}
         nets: dict[str, dict] = {}
-        cases, workloads, accuracy = [], {}, []
+        cases: list[P.CaseSpec] = []
+        workloads: dict[str, P.WorkloadSpec] = {}
+        accuracy: list[P.AccuracySpec] = []
 
         def put_weights(prefix: str, weights: dict) -> dict:
             names = {}
@@ -62,13 +65,13 @@ class Job:
             arrays[f"c{cid}.x"] = case.x
             if net is not None:
                 nets[net.name] = dataclasses.asdict(net)
-            cases.append({"id": cid, "variant": vname, "batch": batch, "what": what, "net_name": net_name,
-                          "layer": dataclasses.asdict(case.layer) if case.layer is not None else None,
-                          "net": net.name if net is not None else None, "x": f"c{cid}.x",
-                          "weights": put_weights(f"c{cid}", case.weights)})
+            cases.append(P.CaseSpec(id=cid, variant=vname, batch=batch, what=what, net_name=net_name, x=f"c{cid}.x",
+                                    weights=put_weights(f"c{cid}", case.weights),
+                                    layer=dataclasses.asdict(case.layer) if case.layer is not None else None,
+                                    net=net.name if net is not None else None))
             self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
                                "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
-                               "target": plan.contract[vname]["target"]}
+                               "target": plan.variants[vname].target}
 
         def put_workload(net_name: str, images: int, target: str) -> str:
             wl, _, _ = self.refs.get(net_name, images, target)
@@ -76,65 +79,62 @@ class Job:
             if key not in workloads:
                 nets[wl.net.name] = dataclasses.asdict(wl.net)
                 arrays[f"{key}.x"] = np.ascontiguousarray(wl.x, dtype=np.float32)
-                workloads[key] = {"net": wl.net.name, "x": f"{key}.x", "weights": put_weights(key, wl.weights)}
+                workloads[key] = P.WorkloadSpec(net=wl.net.name, x=f"{key}.x", weights=put_weights(key, wl.weights))
             return key
 
-        for vname, spec in plan.contract.items():
-            target = spec["target"]
-            for net_name in spec["nets"]:
-                for layer_name in spec["layers"][net_name]:
+        for vname, spec in plan.variants.items():
+            for net_name in spec.nets:
+                for layer_name in spec.layers[net_name]:
                     # every batch size, then the first one again on fresh inputs: a result kept from an earlier
                     # call (cached by shape) is wrong there
-                    batches = plan.layer_batches(target)
+                    batches = plan.layer_batches(spec.target)
                     for b in (*batches, batches[0]):
-                        put_case(layer_case(net_name, layer_name, b, rng, target=target), vname, b, layer_name,
+                        put_case(layer_case(net_name, layer_name, b, rng, target=spec.target), vname, b, layer_name,
                                  net_name)
-                for b in plan.network_batches(target):  # the layers chained by the engine, intermediates poisoned
-                    case = network_case(net_name, b, rng, target=target)
+                for b in plan.network_batches(spec.target):  # the layers chained by the engine, intermediates poisoned
+                    case = network_case(net_name, b, rng, target=spec.target)
                     put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net)
         for vname, net_name, images, target in plan.accuracy_runs():
             aid = f"{vname}/{net_name}"
-            accuracy.append({"id": aid, "variant": vname, "workload": put_workload(net_name, images, target)})
+            accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=put_workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
         timing = None
         if plan.timing_run():
-            timing = {"variant": plan.timed, "workload": put_workload(*plan.timing_run()),
-                      "warmup": r["timing"]["warmup"], "repeat": r["timing"]["repeat"]}
+            timing = P.TimingSpec(variant=plan.timed, workload=put_workload(*plan.timing_run()),
+                                  warmup=r["timing"]["warmup"], repeat=r["timing"]["repeat"])
         np.savez(folder / "inputs.npz", **arrays)
         self.outcome.cases = len(cases)
         self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
         self.outcome.accuracy_runs = len(accuracy)
-        return {"inputs": str(folder / "inputs.npz"), "stage": plan.stage.number, "nets": nets,
-                "workloads": workloads, "cases": cases, "accuracy": accuracy, "timing": timing, "timed": plan.timed,
-                "technique": plan.technique(),
-                "contract": {n: {k: s.get(k, ()) for k in ("target", "arrays", "per_image", "nets", "fuse", "requires")}
-                             for n, s in plan.contract.items()},
-                "memory_mb": r["limits"]["memory_mb"],
-                "memory_guard": sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
-                "max_file_mb": r["limits"]["max_file_mb"]}
+        tech = plan.technique()
+        return P.JobSpec(mode="student", stage=plan.stage.number, notebook="", inputs=str(folder / "inputs.npz"),
+                         variants=dict(plan.variants), nets=nets, workloads=workloads, timed=plan.timed, cases=cases,
+                         accuracy=accuracy, timing=timing,
+                         technique=P.TechniqueSpec(**tech) if tech else None,
+                         memory_mb=r["limits"]["memory_mb"],
+                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
+                         max_file_mb=r["limits"]["max_file_mb"])
 
     # ---- judging, message by message
-    def _case(self, meta: dict, payload: bytes) -> None:
-        cid = meta.get("id")
-        if cid not in self.cases:
-            self.outcome.protocol_error = f"a result for an unknown case {cid!r}"
+    def _case(self, msg: P.CaseResult, payload: bytes) -> None:
+        if msg.id not in self.cases:
+            self.outcome.protocol_error = f"a result for an unknown case {msg.id!r}"
             return
-        c = self.cases[cid]
-        if meta.get("skipped"):
+        c = self.cases[msg.id]
+        if msg.skipped:
             return
         got = None
-        if meta.get("error"):
-            res = CheckResult(c["name"], False, detail=str(meta["error"]), seed=self.seed)
-        elif meta.get("race"):  # the values may be right on the simulator; on a GPU they would not be
-            res = CheckResult(c["name"], False, detail=str(meta["race"]), seed=self.seed)
+        if msg.error:
+            res = CheckResult(c["name"], False, detail=msg.error, seed=self.seed)
+        elif msg.race:  # the values may be right on the simulator; on a GPU they would not be
+            res = CheckResult(c["name"], False, detail=msg.race, seed=self.seed)
         else:
             got = read_array(payload, "out")
             if got is None:
                 res = CheckResult(c["name"], False, detail="no output array came back", seed=self.seed)
             else:
-                launches = meta.get("launches") if isinstance(meta.get("launches"), int) else None
                 res = compare(c["name"], got, c["expected"], self.plan.rubric["checks"]["tol"], batch=c["batch"],
-                              launches=launches)
+                              launches=msg.launches)
                 res.seed = self.seed
                 res.batches = (c["batch"],)
         if not res.passed and got is not None and not self._hinted:
@@ -143,39 +143,36 @@ class Job:
         if got is not None:
             self._outputs.setdefault((c["variant"], c["net_name"], c["name"], c["batch"]), []).append(
                 hints.fingerprint(got))
-        self._trace(meta.get("trace"), c["variant"], res.passed)
-        self.outcome.checks[cid] = res
+        self._trace(msg.trace, c["variant"], res.passed)
+        self.outcome.checks[msg.id] = res
 
-    def _trace(self, trace, variant: str, passed: bool) -> None:
+    def _trace(self, trace: P.Trace | None, variant: str, passed: bool) -> None:
         """Own kernels only: library routines called by the timed conv functions, and (GPU code) calls that computed
         a right answer without launching any kernel of the student's notebook or of given code."""
-        if not isinstance(trace, dict):
+        if trace is None:
             return
         o = self.outcome
-        for item in trace.get("library") or []:
-            if isinstance(item, list) and len(item) == 2:
+        for item in trace.library:
+            if len(item) == 2:
                 o.forbidden.append(f"{item[0]} (variant {variant!r}) calls {item[1]}")
-        without = trace.get("without_own_launch") or []
-        if passed and without and self.plan.contract[variant]["target"] == "gpu":
-            kinds = trace.get("launches") or {}
-            ran = ", ".join(f"{n} of {k}" for k, n in sorted(kinds.items())) or "no kernel at all"
-            o.forbidden.append(f"{', '.join(map(str, without))} (variant {variant!r}) computed its output without "
-                               f"launching a kernel of your notebook (launches: {ran})")
+        if passed and trace.without_own_launch and self.plan.variants[variant].target == "gpu":
+            ran = ", ".join(f"{n} of {k}" for k, n in sorted(trace.launches.items())) or "no kernel at all"
+            o.forbidden.append(f"{', '.join(trace.without_own_launch)} (variant {variant!r}) computed its output "
+                               f"without launching a kernel of your notebook (launches: {ran})")
 
-    def _accuracy(self, meta: dict, payload: bytes) -> None:
-        aid = meta.get("id")
-        if aid not in self.acc_items:
-            self.outcome.protocol_error = f"an accuracy result for an unknown run {aid!r}"
+    def _accuracy(self, msg: P.AccuracyResult, payload: bytes) -> None:
+        if msg.id not in self.acc_items:
+            self.outcome.protocol_error = f"an accuracy result for an unknown run {msg.id!r}"
             return
-        item = self.acc_items[aid]
+        item = self.acc_items[msg.id]
         wl, ref_pred, ref_acc = self.refs.get(*item["key"])
         res = {"variant": item["variant"], "net": item["net"], "images": wl.images, "simulated": wl.simulated,
                "synthetic": wl.synthetic, "reference_accuracy": ref_acc, "accuracy": None, "mismatches": None,
                "passed": False, "message": ""}
-        self.outcome.accuracy[aid] = res
-        if meta.get("error"):
-            res["message"] = str(meta["error"])
-            self._trace(meta.get("trace"), item["variant"], False)
+        self.outcome.accuracy[msg.id] = res
+        if msg.error:
+            res["message"] = msg.error
+            self._trace(msg.trace, item["variant"], False)
             return
         probs = read_array(payload, "probs")
         classes = len(wl.net.classes) or 10
@@ -196,19 +193,16 @@ class Job:
             res["passed"] = int((pred == wl.labels).sum()) == int((ref_pred == wl.labels).sum())
         else:
             res["passed"] = res["mismatches"] == 0
-        self._trace(meta.get("trace"), item["variant"], res["passed"])
+        self._trace(msg.trace, item["variant"], res["passed"])
         if not res["passed"]:
             acc = (f" (accuracy {100 * res['accuracy']:.2f} % vs the reference's {100 * ref_acc:.2f} %)"
                    if res["accuracy"] is not None else "")
             res["message"] = (f"variant {item['variant']!r}: predictions differ from the reference's on "
                               f"{res['mismatches']} of {wl.images} {wl.net.name} images{acc}")
 
-    def _runs(self, meta: dict) -> list | None:
-        runs = meta.get("runs")
+    def _runs(self, runs: list) -> list | None:
         conv = self.plan.conv_layers()
-        ok = isinstance(runs, list) and runs and all(
-            isinstance(run, dict) and all(isinstance(run.get(n), (int, float)) and np.isfinite(run.get(n))
-                                          and run.get(n) >= 0 for n in conv) for run in runs)
+        ok = runs and all(all(n in run and np.isfinite(run[n]) and run[n] >= 0 for n in conv) for run in runs)
         if not ok:
             self.outcome.protocol_error = "timing results without the conv layers' times"
             return None
@@ -240,65 +234,94 @@ class Job:
             out.append(int(off.sum()))
         return out
 
-    def handle(self, kind: Kind, meta: dict, payload: bytes, answer) -> bool:
-        """Judge one frame; True once nothing more needs to be heard (done, or a broken protocol)."""
+    # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
+    def _on_hello(self, msg: P.Hello, payload, answer) -> None:
+        self.outcome.device = msg.device
+        if not Path(msg.labkit).resolve().is_relative_to(self.lib.resolve()):
+            self.outcome.grader_error = (f"the grading process imported labkit from {msg.labkit}, not from its "
+                                         f"private copy in {self.lib}")
+
+    def _on_phase(self, msg: P.Phase | P.Start, payload, answer) -> None:
+        self.outcome.phase = msg.what[:200]
+
+    def _on_reference(self, msg: P.Reference, payload, answer) -> None:
         o = self.outcome
-        if kind is Kind.HELLO:
-            o.device = str(meta.get("device", ""))
-            if not Path(str(meta.get("labkit", ""))).resolve().is_relative_to(self.lib.resolve()):
-                o.grader_error = (f"the grading process imported labkit from {meta.get('labkit')}, not from its "
-                                  f"private copy in {self.lib}")
-        elif kind in (Kind.PHASE, Kind.START):
-            o.phase = str(meta.get("what", ""))[:200]
-        elif kind is Kind.REFERENCE:
-            o.reference_runs = self._runs(meta)
-            preds = self._predictions(payload, o.reference_runs)
-            o.reference_mismatches = self.mismatches(preds) if preds else None
-        elif kind is Kind.LOAD_ERROR:
-            o.load_error = str(meta.get("message", ""))[:2000]
-            o.forbidden += [str(f) for f in meta.get("forbidden") or []]
-        elif kind is Kind.LOADED:
-            o.problems = {str(k): str(v) for k, v in (meta.get("problems") or {}).items()}
-            o.forbidden += [str(f) for f in meta.get("forbidden") or []]
-            answer(Answer.STOP if o.forbidden else Answer.CONTINUE)
-            for name, declared in (meta.get("variants") or {}).items():
-                spec = self.plan.contract.get(name, {})
-                differ = [f"{k}={spec[k]!r} (your VARIANTS says {declared.get(k)!r})"
-                          for k in ("target", "arrays", "per_image") if k in spec and declared.get(k) != spec[k]]
-                if differ:
-                    o.notes.append(f"variant {name!r} graded as the stage declares it: {', '.join(differ)}")
-        elif kind is Kind.CASE:
-            self._case(meta, payload)
-            if not meta.get("skipped"):  # the child waits for the verdict: stop repeating a failing layer
-                res = o.checks.get(meta.get("id"))
-                answer(Answer.CONTINUE if res is not None and res.passed else Answer.STOP)
-        elif kind is Kind.CHECKS_DONE:
-            o.checks_done = True
-            answer(Answer.CONTINUE if scoring.checks_passed(o) and not o.forbidden else Answer.STOP)
-        elif kind is Kind.TECHNIQUE:
-            o.technique = {"passed": bool(meta.get("passed")), "line": str(meta.get("line", ""))}
-        elif kind is Kind.ACCURACY:
-            self._accuracy(meta, payload)
-        elif kind is Kind.ACCURACY_DONE:
-            o.accuracy_done = True
-            req = self.plan.rubric["op_time"]["requires_accuracy"]
-            go = self.plan.measured and (scoring.accuracy_passed(o) or not req) and not o.forbidden
-            answer(Answer.CONTINUE if go else Answer.STOP)
-        elif kind is Kind.TIMING:
-            if meta.get("error"):
-                o.timing_error = str(meta["error"])
-            else:
-                o.timing_runs = self._runs(meta)
-                preds = self._predictions(payload, o.timing_runs)
-                o.timing_mismatches = self.mismatches(preds) if preds else None
-        elif kind is Kind.TAMPERED:
-            o.tampered_code = {"what": [str(w) for w in meta.get("what") or []][:20],
-                               "count": int(meta.get("count") or 0), "when": str(meta.get("when", ""))[:300]}
-        elif kind is Kind.GRADER_ERROR:
-            o.grader_error = str(meta.get("message", ""))
-        elif kind is Kind.DONE:
-            o.done = True
-        return o.done or o.protocol_error is not None
+        o.reference_runs = self._runs(msg.runs)
+        preds = self._predictions(payload, o.reference_runs)
+        o.reference_mismatches = self.mismatches(preds) if preds else None
+
+    def _on_load_error(self, msg: P.LoadError, payload, answer) -> None:
+        self.outcome.load_error = msg.message[:2000]
+        self.outcome.forbidden += msg.forbidden
+
+    def _on_loaded(self, msg: P.Loaded, payload, answer) -> None:
+        o = self.outcome
+        o.problems = dict(msg.problems)
+        o.forbidden += msg.forbidden
+        answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE)
+        for name, declared in msg.variants.items():
+            spec = self.plan.variants.get(name)
+            differ = spec.differences(declared) if spec is not None else []
+            if differ:
+                o.notes.append(f"variant {name!r} graded as the stage declares it: {', '.join(differ)}")
+
+    def _on_case(self, msg: P.CaseResult, payload, answer) -> None:
+        self._case(msg, payload)
+        if not msg.skipped:  # the child waits for the verdict: stop repeating a failing layer
+            res = self.outcome.checks.get(msg.id)
+            answer(P.Answer.CONTINUE if res is not None and res.passed else P.Answer.STOP)
+
+    def _on_checks_done(self, msg, payload, answer) -> None:
+        o = self.outcome
+        o.checks_done = True
+        answer(P.Answer.CONTINUE if scoring.checks_passed(o) and not o.forbidden else P.Answer.STOP)
+
+    def _on_technique(self, msg: P.Technique, payload, answer) -> None:
+        self.outcome.technique = {"passed": msg.passed, "line": msg.line}
+
+    def _on_accuracy(self, msg: P.AccuracyResult, payload, answer) -> None:
+        self._accuracy(msg, payload)
+
+    def _on_accuracy_done(self, msg, payload, answer) -> None:
+        o = self.outcome
+        o.accuracy_done = True
+        req = self.plan.rubric["op_time"]["requires_accuracy"]
+        go = self.plan.measured and (scoring.accuracy_passed(o) or not req) and not o.forbidden
+        answer(P.Answer.CONTINUE if go else P.Answer.STOP)
+
+    def _on_timing(self, msg: P.Timing, payload, answer) -> None:
+        o = self.outcome
+        if msg.error:
+            o.timing_error = msg.error
+            return
+        o.timing_runs = self._runs(msg.runs)
+        preds = self._predictions(payload, o.timing_runs)
+        o.timing_mismatches = self.mismatches(preds) if preds else None
+
+    def _on_tampered(self, msg: P.Tampered, payload, answer) -> None:
+        self.outcome.tampered_code = {"what": msg.what[:20], "count": msg.count, "when": msg.when[:300]}
+
+    def _on_grader_error(self, msg: P.GraderError, payload, answer) -> None:
+        self.outcome.grader_error = msg.message
+
+    def _on_done(self, msg, payload, answer) -> None:
+        self.outcome.done = True
+
+    HANDLERS = {P.Hello: _on_hello, P.Phase: _on_phase, P.Start: _on_phase, P.Reference: _on_reference,
+                P.LoadError: _on_load_error, P.Loaded: _on_loaded, P.CaseResult: _on_case,
+                P.ChecksDone: _on_checks_done, P.Technique: _on_technique, P.AccuracyResult: _on_accuracy,
+                P.AccuracyDone: _on_accuracy_done, P.Timing: _on_timing, P.Tampered: _on_tampered,
+                P.GraderError: _on_grader_error, P.Done: _on_done}
+
+    def handle(self, kind: P.Kind, meta: dict, payload: bytes, answer) -> bool:
+        """Judge one frame; True once nothing more needs to be heard (done, or a broken protocol)."""
+        try:
+            message = P.decode(kind, meta)
+        except P.ProtocolError as exc:
+            self.outcome.protocol_error = f"a malformed {kind.value!r} message on the result channel ({exc})"[:300]
+            return True
+        self.HANDLERS[type(message)](self, message, payload, answer)
+        return self.outcome.done or self.outcome.protocol_error is not None
 
     # ---- running
     def run(self) -> JobOutcome:
@@ -318,12 +341,12 @@ class Job:
                                                                                         solutions)})
             guard = sandbox.Guard(guarded)
             job = self.build(folder)
-            job.update(student_notebook=str(student_nb), reference_notebook=str(solutions / self.plan.solution.name))
+            job.notebook, job.reference_notebook = str(student_nb), str(solutions / self.plan.solution.name)
             env = sandbox.child_env({"NUMBA_CACHE_DIR": str(folder / "work" / "numba-cache"),
                                      "LABKIT_SOLUTIONS": str(solutions), **self.env_extra}, lib=self.lib)
             limits = self.plan.rubric["limits"]
-            end = sandbox.run_child(job, folder, env, self.plan.time_limit, limits["memory_mb"],
-                                    job["memory_guard"] == "rss", self.handle)
+            end = sandbox.run_child(job.to_json(), folder, env, self.plan.time_limit, limits["memory_mb"],
+                                    job.memory_guard == "rss", self.handle)
             o.timed_out, o.memory_exceeded, o.returncode, o.stderr_tail = \
                 end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail
             o.protocol_error = o.protocol_error or end.protocol_error

@@ -22,12 +22,14 @@ from ..nets import Net, get_net
 from ..stages import Stage
 from ..weights_io import load_c_study_weights, load_weights, random_weights
 from ..workloads import Workload, workload
+from .protocol import VariantSpec
 from .rubric import GradeError, Rubric
 from .sandbox import WORKER, child_env
 
 
-def describe_stage(solution: Path, timeout: float = 600) -> dict:
-    """What the reference solution's VARIANTS declare, asked of a child process (the parent imports no kernels)."""
+def describe_stage(solution: Path, timeout: float = 600) -> tuple[dict[str, VariantSpec], list[str]]:
+    """What the reference solution's VARIANTS declare (a ``VariantSpec`` each, and their order), asked of a child
+    process (the parent imports no kernels)."""
     with tempfile.TemporaryDirectory(prefix="labkit-describe-") as tmp:
         out = Path(tmp) / "describe.json"
         try:
@@ -39,7 +41,8 @@ def describe_stage(solution: Path, timeout: float = 600) -> dict:
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
             raise GradeError(f"the reference solution {solution} does not load:\n{tail}")
-        return json.loads(out.read_text())
+        desc = json.loads(out.read_text())
+        return {n: VariantSpec.from_json(d) for n, d in desc["variants"].items()}, list(desc["order"])
 
 
 @dataclasses.dataclass
@@ -47,7 +50,7 @@ class StagePlan:
     stage: Stage
     solution: Path
     rubric: dict
-    contract: dict  # graded variant -> {target, arrays, per_image, nets, layers}
+    variants: dict[str, VariantSpec]  # the graded variants, as the solution declares them
     timed: str
     measured: bool  # op time is measured (CPU code, or GPU code on a real GPU)
     not_measured_why: str
@@ -70,20 +73,20 @@ class StagePlan:
     def accuracy_runs(self) -> list[tuple[str, str, int, str]]:
         """(variant, net, images asked for, target) of every accuracy run."""
         images = self.rubric["accuracy"]["images"]
-        return [(name, net, images, spec["target"]) for name, spec in self.contract.items() for net in spec["nets"]]
+        return [(name, net, images, spec.target) for name, spec in self.variants.items() for net in spec.nets]
 
     def timing_run(self) -> tuple[str, int, str] | None:
         """(net, images, target) of the op-time runs, or None when op time is not measured."""
         if not self.measured:
             return None
-        spec = self.contract[self.timed]
-        return spec["nets"][0], self.rubric["timing"]["images"], spec["target"]
+        spec = self.variants[self.timed]
+        return spec.nets[0], self.rubric["timing"]["images"], spec.target
 
     def conv_layers(self) -> list[str]:
         """The conv layers the timed variant computes (their time is the op time)."""
-        spec = self.contract[self.timed]
-        net = spec["nets"][0]
-        return [n for n in spec["layers"][net] if get_net(net).layer(n).kind == "conv"]
+        spec = self.variants[self.timed]
+        net = spec.nets[0]
+        return [n for n in spec.layers[net] if get_net(net).layer(n).kind == "conv"]
 
     def max_points(self) -> dict[str, float]:
         """The most each part can give: accuracy counts only on labelled images, op time only when measured
@@ -104,13 +107,12 @@ class StagePlan:
 
 def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulated: bool) -> StagePlan:
     solution = solutions / stage.notebook
-    desc = describe_stage(solution)
+    declared, order = describe_stage(solution)
     r = rubric.for_stage(stage.number)
-    order = desc["order"]
     names = r.get("variants") or order
     # a variant that cannot run here (CUDA C through cupy on a machine without a GPU) is left out, and said so
-    skipped = {n: desc["variants"][n]["unavailable"] for n in names if desc["variants"].get(n, {}).get("unavailable")}
-    unknown = [n for n in names if n not in desc["variants"]]
+    skipped = {n: declared[n].unavailable for n in names if n in declared and declared[n].unavailable}
+    unknown = [n for n in names if n not in declared]
     if unknown:
         raise GradeError(f"rubric: stage {stage.number} grades variants {unknown}, which {solution.name} does not "
                          f"define (it defines {', '.join(order)})")
@@ -123,17 +125,16 @@ def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulat
     timed = r.get("timed_variant") or names[-1]
     if timed not in names:
         raise GradeError(f"rubric: stage {stage.number} times variant {timed!r}, which is not graded ({names})")
-    contract = {n: desc["variants"][n] for n in names}
-    target = contract[timed]["target"]
+    variants = {n: declared[n] for n in names}
     measured, why = True, ""
-    if target == "gpu" and not gpu:
+    if variants[timed].target == "gpu" and not gpu:
         measured, why = False, "simulated" if simulated else "no GPU"
-    tnet = contract[timed]["nets"][0]
-    if not any(get_net(tnet).layer(n).kind == "conv" for n in contract[timed]["layers"][tnet]):
+    tnet = variants[timed].nets[0]
+    if not any(get_net(tnet).layer(n).kind == "conv" for n in variants[timed].layers[tnet]):
         measured, why = False, "the timed variant has no conv function"
-    sim_stage = simulated and any(c["target"] == "gpu" for c in contract.values())
+    sim_stage = simulated and any(v.target == "gpu" for v in variants.values())
     limit = r["limits"]["sim_time_s"] if sim_stage else r["limits"]["time_s"]
-    return StagePlan(stage, solution, r, contract, timed, measured, why, float(limit), skipped=skipped)
+    return StagePlan(stage, solution, r, variants, timed, measured, why, float(limit), skipped=skipped)
 
 
 class References:

@@ -1,21 +1,27 @@
-"""The result channel between the grader (parent) and its child, and the words both sides use on it.
+"""The channel between the grader (parent) and its child, and every object that crosses it, defined once here and
+imported by both processes.
 
-The kinds of message are defined once, here, and imported by both processes: a kind renamed on one side then
-fails at once on the other (``Kind("...")`` raises) instead of never matching again.
+Parent -> child: a ``JobSpec`` (JSON, one line on the child's stdin; its arrays in an ``.npz`` file), then one
+``Answer`` line after the loading, after each check (stop: the rest of a failing layer is skipped), after the checks
+and after the accuracy runs. Child -> parent: frames on a pipe the parent opened (never stdout, where a student's
+prints go), each a message dataclass below (``Hello``, ``CaseResult``, ...) with optional arrays. A variant crosses
+in one form only, ``VariantSpec``: what the stage's solution declares (the parent never imports a kernel).
 
 A frame is ``MAGIC``, ``HEADER`` (uint32 length of a JSON header, uint64 length of an optional ``.npz`` payload),
-then the two; the header's ``"type"`` is a ``Kind``. The child writes frames on a pipe the parent opened (never
-stdout, where a student's prints go); the parent answers one ``Answer`` line on the child's stdin after the
-loading, after each check (stop: the rest of a failing layer is skipped), after the checks and after the accuracy
-runs. (The child keeps its stdin for these answers; the student's code gets an empty one.)
+then the two; the header's ``"type"`` is a ``Kind``. ``to_json``/``from_json`` are the one conversion, shared by
+both sides: a message renamed on one side fails at once on the other (``Kind("...")`` raises) instead of never
+matching again, and a field of the wrong type is refused when it is read (``ProtocolError``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import io
 import json
 import struct
+import typing
+from typing import ClassVar
 
 import numpy as np
 
@@ -30,14 +36,14 @@ class Kind(str, enum.Enum):
 
     HELLO = "hello"  # started: device, pid, and where labkit was imported from (its private copy)
     PHASE = "phase"  # what it does now (loading, timing the reference): for a timeout's message
-    REFERENCE = "reference"  # the reference solution's timed passes
+    REFERENCE = "reference"  # the reference solution's timed passes (a reference job's)
     LOAD_ERROR = "load_error"  # the student's kernel cells did not load: nothing else follows
     LOADED = "loaded"  # the student's VARIANTS as found, what is wrong with them, what the own-kernels scan found;
     # the parent answers: continue to the checks, or stop
     START = "start"  # one call into the student's code begins (names it for a timeout's message)
     CASE = "case"  # a check's raw output (or the error it raised, or a race); the parent answers continue/stop
     CHECKS_DONE = "checks_done"  # the parent answers: continue to the accuracy runs, or stop
-    TECHNIQUE = "technique"  # does the timed variant's conv use the stage's memory (labkit.check.check_technique)
+    TECHNIQUE = "technique"  # how the timed variant's conv uses the stage's memory (labkit.check.check_technique)
     ACCURACY = "accuracy"  # one accuracy run's class probabilities
     ACCURACY_DONE = "accuracy_done"  # the parent answers: continue to the timing, or stop
     TIMING = "timing"  # the student's timed passes (and each pass's predictions)
@@ -57,10 +63,319 @@ class Answer(str, enum.Enum):
         return self.value
 
 
-def encode(kind: Kind, meta: dict | None = None, arrays: dict[str, np.ndarray] | None = None, *,
-           _savez=np.savez, _dumps=json.dumps) -> bytes:
+class ProtocolError(ValueError):
+    """A message whose fields are missing or of the wrong type."""
+
+
+# ------------------------------------------------------------------------------------------ records
+
+
+def _convert(tp, value, where: str):
+    """``value`` (from JSON) as the annotated type ``tp``: nested records, lists, tuples, dicts, optionals."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any:
+        return value
+    if origin is typing.Union or type(tp).__name__ == "UnionType":
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, where) if len(inner) == 1 else value
+    if isinstance(tp, type) and issubclass(tp, Record):
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object, got {type(value).__name__}")
+        return tp.from_json(value)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+        item = args[0] if args else typing.Any
+        out = [_convert(item, v, where) for v in value]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object, got {type(value).__name__}")
+        kt, vt = args or (typing.Any, typing.Any)
+        return {k: _convert(vt, v, where) for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError(f"{where}: expected a number, got {value!r:.40}")
+        return float(value)
+    if tp in (int, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ProtocolError(f"{where}: expected {tp.__name__}, got {value!r:.40}")
+        return value
+    return value
+
+
+class Record:
+    """A dataclass that crosses the pipe: ``to_json()`` (plain JSON types) and ``from_json(d)`` (checked)."""
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+    @classmethod
+    def from_json(cls, d: dict):
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name in d:
+                kwargs[f.name] = _convert(hints[f.name], d[f.name], f"{cls.__name__}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{cls.__name__}: no {f.name!r}")
+        return cls(**kwargs)
+
+
+# ------------------------------------------------------------------------------------ parent -> child
+
+
+@dataclasses.dataclass
+class VariantSpec(Record):
+    """A graded variant as the stage's solution declares it (asked of a child: ``worker --describe``); the child
+    calls a student's functions this way, whatever the student's own ``VARIANTS`` says."""
+
+    name: str
+    target: str
+    arrays: str
+    per_image: bool
+    nets: tuple[str, ...]
+    layers: dict[str, list[str]]  # net -> the layers this variant has a function for
+    fuse: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    note: str = ""
+    unavailable: str = ""  # why it cannot run here ("" when it can)
+
+    def differences(self, declared: dict) -> list[str]:
+        """How a student's own declaration (``LoadedVariant``-style dict) differs in what the grading depends on."""
+        return [f"{k}={getattr(self, k)!r} (your VARIANTS says {declared.get(k)!r})"
+                for k in ("target", "arrays", "per_image") if k in declared and declared.get(k) != getattr(self, k)]
+
+
+@dataclasses.dataclass
+class CaseSpec(Record):
+    """One check: a layer (``layer``: its fields) or the whole net (``net``) of a variant, on arrays in the npz."""
+
+    id: int
+    variant: str
+    batch: int
+    what: str  # "conv1", "cifar10 forward"
+    net_name: str
+    x: str
+    weights: dict[str, str]  # weight name -> array key
+    layer: dict | None = None
+    net: str | None = None
+
+
+@dataclasses.dataclass
+class WorkloadSpec(Record):
+    net: str
+    x: str
+    weights: dict[str, str]
+
+
+@dataclasses.dataclass
+class AccuracySpec(Record):
+    id: str
+    variant: str
+    workload: str
+
+
+@dataclasses.dataclass
+class TimingSpec(Record):
+    """The timed passes: ``warmup`` untimed passes on one image, then ``repeat`` timed ones; with ``passes`` (array
+    keys), pass k runs on its own images."""
+
+    variant: str
+    workload: str  # the weights (and the warm-up image) come from here
+    warmup: int
+    repeat: int
+    passes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class TechniqueSpec(Record):
+    memory: str
+    net: str
+    layer: str
+    min_fraction: float = 0.0  # of the conv's loads that must come from that memory (simulator counts)
+
+
+@dataclasses.dataclass
+class JobSpec(Record):
+    """Everything one child is told. ``mode``: "student" (load, checks, accuracy, timing of ``notebook``) or
+    "reference" (the timed passes of the stage's solution, in a process that never holds student code)."""
+
+    mode: str
+    stage: str
+    notebook: str
+    inputs: str
+    variants: dict[str, VariantSpec]
+    nets: dict[str, dict]
+    workloads: dict[str, WorkloadSpec]
+    fd: int = -1
+    timed: str = ""
+    cases: list[CaseSpec] = dataclasses.field(default_factory=list)
+    accuracy: list[AccuracySpec] = dataclasses.field(default_factory=list)
+    timing: TimingSpec | None = None
+    technique: TechniqueSpec | None = None
+    reference_notebook: str = ""  # the stage's solution, timed first (before any student code exists)
+    tuning: str = ""  # the tuning choices (results/tuning.json) the grader read: the child reads the same
+    memory_mb: int = 0
+    memory_guard: str = "none"
+    max_file_mb: int = 0
+
+
+# ------------------------------------------------------------------------------------ child -> parent
+
+
+@dataclasses.dataclass
+class Message(Record):
+    """A frame's header; ``KIND`` says which."""
+
+    KIND: ClassVar[Kind]
+
+
+def _message(kind: Kind):
+    def register(cls):
+        cls.KIND = kind
+        MESSAGES[kind] = cls
+        return cls
+
+    return register
+
+
+MESSAGES: dict[Kind, type] = {}
+
+
+@_message(Kind.HELLO)
+@dataclasses.dataclass
+class Hello(Message):
+    device: str
+    kind: str
+    simulated: bool
+    pid: int
+    labkit: str  # where the child imported labkit from
+
+
+@_message(Kind.PHASE)
+@dataclasses.dataclass
+class Phase(Message):
+    what: str
+
+
+@_message(Kind.START)
+@dataclasses.dataclass
+class Start(Message):
+    what: str
+
+
+@_message(Kind.LOAD_ERROR)
+@dataclasses.dataclass
+class LoadError(Message):
+    message: str
+    forbidden: list[str] = dataclasses.field(default_factory=list)
+
+
+@_message(Kind.LOADED)
+@dataclasses.dataclass
+class Loaded(Message):
+    variants: dict[str, dict]  # name -> the student's own declaration (target, arrays, per_image, impls)
+    problems: dict[str, str]
+    forbidden: list[str]
+
+
+@dataclasses.dataclass
+class Trace(Record):
+    """What the traced conv calls of one check did: library routines, launches by whose kernels."""
+
+    calls: int
+    library: list[list[str]]  # [layer, routine]
+    without_own_launch: list[str]
+    launches: dict[str, int]
+
+
+@_message(Kind.CASE)
+@dataclasses.dataclass
+class CaseResult(Message):
+    id: int
+    skipped: bool = False
+    error: str | None = None
+    race: str | None = None
+    launches: int | None = None
+    trace: Trace | None = None
+
+
+@_message(Kind.CHECKS_DONE)
+@dataclasses.dataclass
+class ChecksDone(Message):
+    pass
+
+
+@_message(Kind.TECHNIQUE)
+@dataclasses.dataclass
+class Technique(Message):
+    passed: bool
+    line: str
+    fraction: float | None = None
+
+
+@_message(Kind.ACCURACY)
+@dataclasses.dataclass
+class AccuracyResult(Message):
+    id: str
+    error: str | None = None
+    trace: Trace | None = None
+
+
+@_message(Kind.ACCURACY_DONE)
+@dataclasses.dataclass
+class AccuracyDone(Message):
+    pass
+
+
+@_message(Kind.TIMING)
+@dataclasses.dataclass
+class Timing(Message):
+    """The timed passes: per pass, each layer's seconds and the whole pass's (``"pass"``); the arrays ``probK``."""
+
+    runs: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    method: str = ""
+    error: str | None = None
+    trace: Trace | None = None
+
+
+@_message(Kind.REFERENCE)
+@dataclasses.dataclass
+class Reference(Timing):
+    pass
+
+
+@_message(Kind.TAMPERED)
+@dataclasses.dataclass
+class Tampered(Message):
+    what: list[str]
+    count: int
+    when: str
+
+
+@_message(Kind.GRADER_ERROR)
+@dataclasses.dataclass
+class GraderError(Message):
+    message: str
+    traceback: str = ""
+
+
+@_message(Kind.DONE)
+@dataclasses.dataclass
+class Done(Message):
+    pass
+
+
+# ------------------------------------------------------------------------------------------- frames
+
+
+def encode(message: Message, arrays: dict[str, np.ndarray] | None = None, *, _savez=np.savez,
+           _dumps=json.dumps) -> bytes:
     """One frame. (numpy and json are bound when this module is imported, before any student code runs.)"""
-    head = _dumps({**(meta or {}), "type": Kind(kind).value}, default=str).encode()
+    head = _dumps({**message.to_json(), "type": message.KIND.value}, default=str).encode()
     payload = b""
     if arrays:
         buf = io.BytesIO()
@@ -70,7 +385,8 @@ def encode(kind: Kind, meta: dict | None = None, arrays: dict[str, np.ndarray] |
 
 
 def parse(buf: bytearray) -> tuple[list[tuple[Kind, dict, bytes]], str | None]:
-    """Complete frames at the front of ``buf`` (consumed); an error string if the stream is not frames."""
+    """Complete frames at the front of ``buf`` (consumed); an error string if the stream is not frames. Each
+    frame's header becomes its message with ``decode``."""
     frames = []
     while len(buf) >= HEADER.size:
         magic, hlen, plen = HEADER.unpack_from(buf)
@@ -92,6 +408,11 @@ def parse(buf: bytearray) -> tuple[list[tuple[Kind, dict, bytes]], str | None]:
         frames.append((kind, meta, bytes(buf[HEADER.size + hlen:end])))
         del buf[:end]
     return frames, None
+
+
+def decode(kind: Kind, meta: dict) -> Message:
+    """A frame's header as its message; ``ProtocolError`` when a field is missing or of the wrong type."""
+    return MESSAGES[Kind(kind)].from_json(meta)
 
 
 def read_array(payload: bytes, key: str) -> np.ndarray | None:

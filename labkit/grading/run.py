@@ -281,7 +281,7 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     ctx = Context(numbers, rub, solutions, gpu, simulated)
     plans = ctx.plans
     if dinfo.kind == "cpu":
-        needs_gpu = [n for n, p in plans.items() if any(c["target"] == "gpu" for c in p.contract.values())]
+        needs_gpu = [n for n, p in plans.items() if any(v.target == "gpu" for v in p.variants.values())]
         if needs_gpu:
             raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
                              f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
@@ -322,9 +322,9 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - started, 1),
         "timed_variants": {n: label(n, p.timed) for n, p in plans.items()},
         "skipped_variants": {n: p.skipped for n, p in plans.items() if p.skipped},
-        "batches": {n: {v: {"layers": p.layer_batches(c["target"]), "repeat": p.layer_batches(c["target"])[0],
-                            "network": p.network_batches(c["target"])}
-                        for v, c in p.contract.items()} for n, p in plans.items()},
+        "batches": {n: {v: {"layers": p.layer_batches(c.target), "repeat": p.layer_batches(c.target)[0],
+                            "network": p.network_batches(c.target)}
+                        for v, c in p.variants.items()} for n, p in plans.items()},
         "op_time": {n: ("measured" if p.measured else f"not measured ({p.not_measured_why})")
                     for n, p in plans.items()},
         "op_time_rule": "best (minimum) of timing.repeat passes after timing.warmup; spread in each row's details",

@@ -124,10 +124,10 @@ def _check_messages(o: JobOutcome, plan: StagePlan) -> list[str]:
                                  if not res.passed))
     first = next(res for _, res in sorted(o.checks.items()) if not res.passed)
     msg = [str(first)]
-    if len(plan.contract) > 1:
+    if len(plan.variants) > 1:
         msg[0] = f"variant {failing[0][0]!r}: {msg[0]}"
     if len(failing) > 1:
-        names = [layer if len(plan.contract) == 1 else f"{v}:{layer}" for v, layer in failing[1:]]
+        names = [layer if len(plan.variants) == 1 else f"{v}:{layer}" for v, layer in failing[1:]]
         more = f" and {len(names) - 6} more" if len(names) > 6 else ""
         msg.append("also failing: " + ", ".join(names[:6]) + more)
     return msg
@@ -169,7 +169,7 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
     scored = plan.accuracy_scored
 
     # accuracy figures of the timed variant's first net (or the first accuracy run)
-    main = o.accuracy.get(f"{plan.timed}/{plan.contract[plan.timed]['nets'][0]}") or next(
+    main = o.accuracy.get(f"{plan.timed}/{plan.variants[plan.timed].nets[0]}") or next(
         iter(o.accuracy.values()), None)
     if main is not None:
         out["reference_accuracy"] = main["reference_accuracy"]

@@ -1,13 +1,17 @@
 """The grader's child: runs ONE student's stage notebook through the engine, and decides nothing.
 
 Started as ``python -m labkit.grading.worker`` in a fresh folder, importing its private copy of labkit, it reads
-the job (JSON) on stdin and the inputs from the ``.npz`` the grader wrote. Before any student code exists it binds
-its clock's functions (``time.perf_counter``, the CUDA event functions) and its result pipe (``os.write``), takes a
-snapshot of labkit's modules (and numpy's, and its own), and, when op time is measured, times the reference
-solution. Then it executes only the student's ``kernel``-tagged cells and calls the student's functions the way
-every run calls them (``labkit.engine``): each layer on a NaN-poisoned output, the whole network with every
-intermediate poisoned, the real images, the timed passes. Before each of those calls the snapshot is put back, so a
-cell that patches labkit (the engine, the layer convention, ``labkit.check``, ``labkit.timing``), numpy, the time
+the job (``protocol.JobSpec``, JSON) on stdin and the inputs from the ``.npz`` the grader wrote. Before any student
+code exists it binds its clock's functions (``time.perf_counter``, the CUDA event functions) and its result pipe
+(``os.write``), and takes a snapshot of labkit's modules and classes (and numpy's, and its own). Then the job's
+phases run in order, each a method of ``StudentJob`` over the one context it holds:
+
+    load -> checks -> technique -> accuracy -> timing
+
+``load`` executes only the student's ``kernel``-tagged cells; the other phases call the student's functions the
+way every run calls them (``labkit.engine``): each layer on a NaN-poisoned output, the whole network with every
+intermediate poisoned, the real images, the timed passes. Before each of those calls the snapshot is put back, so
+a cell that patches labkit (the engine, the layer convention, ``labkit.check``, ``labkit.timing``), numpy, the time
 module or this worker changes nothing the grader measures; each clock takes its functions when it is made. After
 each of them (and after every timed pass) the snapshot is compared: a difference is reported (``tampered``) and the
 job ends. On the simulator every launch of a layer check is watched for races (``labkit.simcheck``). The timed
@@ -18,7 +22,7 @@ Outputs go back RAW through the pipe (``labkit.grading.protocol``); the grader c
 reference in its own process. Student prints go to this process's stdout/stderr, which the grader keeps apart.
 
 ``python -m labkit.grading.worker --describe NOTEBOOK --json OUT`` (trusted solution notebooks only) writes what
-the notebook's VARIANTS declare: target, arrays, per_image, nets and the layers each variant implements.
+the notebook's VARIANTS declare (``protocol.VariantSpec`` each).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import sys
 import time
 import traceback
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import numpy as np
@@ -55,7 +59,7 @@ from ..layers import impl_for, kernel_layers  # noqa: E402
 from ..nets import Layer, Net, get_net  # noqa: E402
 from ..stages import STAGES, Variant  # noqa: E402
 from . import ownership  # noqa: E402
-from .protocol import Answer, Kind, encode, read_answer  # noqa: E402
+from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
 
 
@@ -63,11 +67,11 @@ class _Channel:
     """Frames on the pipe the grader opened for results (never stdout)."""
 
     def __init__(self, fd: int):
-        self.fd, self._write, self._encode = fd, _os_write, encode
+        self.fd, self._write, self._encode = fd, _os_write, P.encode
         self.send = self._send  # bound now: a later patch of the class does not reach this channel
 
-    def _send(self, kind: Kind, meta: dict | None = None, arrays: dict[str, np.ndarray] | None = None) -> None:
-        data = memoryview(self._encode(kind, meta, arrays))
+    def _send(self, message: P.Message, arrays: dict[str, np.ndarray] | None = None) -> None:
+        data = memoryview(self._encode(message, arrays))
         while data:
             data = data[self._write(self.fd, data):]
 
@@ -181,15 +185,24 @@ def describe_exception(exc: BaseException, what: str) -> str:
     return f"{what} raised {type(exc).__name__}: {text}{where}"
 
 
-def _set_limits(job: dict) -> None:
+def _set_limits(job: P.JobSpec) -> None:
     import resource
 
-    mb = int(job.get("memory_mb") or 0)
-    if mb > 0 and job.get("memory_guard") == "rlimit":
-        resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
-    fsize = int(job.get("max_file_mb") or 0)
-    if fsize > 0:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize << 20, fsize << 20))
+    if job.memory_mb > 0 and job.memory_guard == "rlimit":
+        resource.setrlimit(resource.RLIMIT_AS, (job.memory_mb << 20, job.memory_mb << 20))
+    if job.max_file_mb > 0:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (job.max_file_mb << 20, job.max_file_mb << 20))
+
+
+def _use_tuning(job: P.JobSpec) -> None:
+    """Read the tuning choices the grader read (``results/tuning.json`` of the kit that grades): the child imports
+    a private copy of labkit outside the checkout, where ``labkit.tune`` would find none and a tuned variant would
+    silently fall back to another kernel than the one the student's notebook picks."""
+    if job.tuning:
+        from .. import tune
+        from pathlib import Path
+
+        tune.STORE = Path(job.tuning)
 
 
 def _variants_of(ns: dict, where: str) -> dict:
@@ -211,9 +224,9 @@ def _variant_fields(v) -> dict:
             "per_image": getattr(v, "per_image", None)}
 
 
-def _gpu_syncs(gpu: bool) -> tuple:
+def _gpu_syncs(gpu_here: bool) -> tuple:
     """What a perf_counter section waits for on a GPU: numba's queue, and cupy's (CUDA C variants) if present."""
-    if not gpu:
+    if not gpu_here:
         return ()
     syncs = [_cuda_synchronize]
     try:
@@ -225,34 +238,13 @@ def _gpu_syncs(gpu: bool) -> tuple:
     return tuple(syncs)
 
 
-def _timed_passes(net, variant, x, w, timing: dict, make_clock, restore) -> tuple[list, list]:
-    """``timing["warmup"]`` untimed passes on one image, then ``timing["repeat"]`` timed ones (per-layer seconds),
-    pass k on the images rotated by k (``np.roll(x, -k)``): a result cached across passes gives the wrong
-    predictions, which come back with the times (one array per pass) for the grader to compare."""
-    prepared = engine.prepare(net, variant, x, w)
-    for _ in range(timing["warmup"]):
-        restore()
-        engine.forward(net, variant, prepared.first(1))
-    runs, predictions = [], []
-    for k in range(timing["repeat"]):
-        shifted = prepared if k == 0 else engine.prepare(net, variant, np.roll(x, -k, axis=0), w)
-        restore()
-        probs, seconds = engine.time_passes(net, variant, shifted, 1, warmup=False, clock_factory=make_clock)
-        runs += seconds
-        predictions.append(np.asarray(probs, np.float32))
-    return runs, predictions
-
-
 def _pass_arrays(probabilities: list) -> dict:
     """Each timed pass's class probabilities: their argmax are its predictions, and a result kept from another
     pass shows in them even where the predictions happen to agree (synthetic images all of one class)."""
     return {f"prob{k}": p for k, p in enumerate(probabilities)}
 
 
-# ------------------------------------------------------------------------------------------------- the job
-
-
-def _summary(records: list[dict]) -> dict | None:
+def _summary(records: list[dict]) -> P.Trace | None:
     """What the traced conv calls of one check did: library routines, launches, calls that launched none of the
     student's (or given) kernels."""
     if not records:
@@ -263,128 +255,201 @@ def _summary(records: list[dict]) -> dict | None:
             launches[kind] = launches.get(kind, 0) + n
     library = list(dict.fromkeys((rec["layer"], name) for rec in records for name in rec["library"]))
     without = [rec["layer"] for rec in records if not rec["launches"].get("own") and not rec["launches"].get("given")]
-    return {"calls": len(records), "library": [list(pair) for pair in library[:4]],
-            "without_own_launch": list(dict.fromkeys(without)), "launches": launches}
+    return P.Trace(calls=len(records), library=[list(pair) for pair in library[:4]],
+                   without_own_launch=list(dict.fromkeys(without)), launches=launches)
 
 
-def run_job(job: dict, chan: _Channel, stdin, info, snap: Snapshot, tracer_ref: list, given_log: list) -> None:
-    gpu_here = info.kind == "gpu"
-    syncs = _gpu_syncs(gpu_here)
-    restore = snap.restore
-    with np.load(job["inputs"], allow_pickle=False) as data:
-        arrays = {k: data[k] for k in data.files}
-    nets = {k: net_from_dict(d) for k, d in job["nets"].items()}
-    contract = job["contract"]  # variant name -> {target, arrays, per_image, nets}
-    workloads = {k: (nets[w["net"]], arrays[w["x"]], {n: arrays[a] for n, a in w["weights"].items()})
-                 for k, w in job["workloads"].items()}
-    chan.send(Kind.HELLO, {"device": device.label(info), "kind": info.kind, "simulated": info.simulated,
-                           "pid": os.getpid(), "labkit": os.path.dirname(os.path.abspath(engine.__file__))})
-    timing = job.get("timing")
-    timed_name = job.get("timed")
-    code = ownership.Code(job["stage"], {n: s.notebook for n, s in STAGES.items()})
-    lib = ownership.Library()
-    student_phase = [False]
+# ------------------------------------------------------------------------------------------------- the job
 
-    def variant(name: str, impls: dict) -> Variant:  # graded as the stage declares it, with these functions
-        spec = contract[name]
-        return Variant(impls=dict(impls), target=spec["target"], arrays=spec["arrays"],
-                       per_image=bool(spec["per_image"]), nets=tuple(spec["nets"]), name=name, stage=job["stage"],
-                       fuse=tuple(spec.get("fuse", ())), requires=tuple(spec.get("requires", ())))
 
-    def check(when: str) -> None:
+class Job:
+    """What every phase of a child's job reads: the job, its inputs, the channel, the snapshot, the tracer."""
+
+    def __init__(self, job: P.JobSpec, chan: _Channel, answers, info, snap: Snapshot, tracer_ref: list,
+                 given_log: list):
+        self.job, self.chan, self.answers, self.info, self.snap = job, chan, answers, info, snap
+        self.tracer_ref, self.given_log = tracer_ref, given_log
+        self.syncs = _gpu_syncs(info.kind == "gpu")
+        with np.load(job.inputs, allow_pickle=False) as data:
+            self.arrays = {k: data[k] for k in data.files}
+        self.nets = {k: net_from_dict(d) for k, d in job.nets.items()}
+        self.workloads = {k: (self.nets[w.net], self.arrays[w.x], self.weights(w.weights))
+                          for k, w in job.workloads.items()}
+        self.code = ownership.Code(job.stage, {n: s.notebook for n, s in STAGES.items()})
+        self.lib = ownership.Library()
+        self.student_code = False  # once the student's cells ran, every clock compares the snapshot first
+        self.records: list[dict] = []  # the traced conv calls of the current call into the student's code
+
+    # ---- small tools every phase uses
+    def send(self, message: P.Message, arrays: dict | None = None) -> None:
+        self.chan.send(message, arrays)
+
+    def answer(self) -> P.Answer:
+        return P.read_answer(self.answers)
+
+    def weights(self, names: dict[str, str]) -> dict:
+        return {n: self.arrays[a] for n, a in names.items()}
+
+    def variant(self, name: str, impls: dict) -> Variant:
+        """The graded variant ``name`` with these functions, called as the stage declares it."""
+        spec = self.job.variants[name]
+        return Variant(impls=dict(impls), target=spec.target, arrays=spec.arrays, per_image=spec.per_image,
+                       nets=tuple(spec.nets), name=name, stage=self.job.stage, fuse=tuple(spec.fuse),
+                       requires=tuple(spec.requires))
+
+    def restore(self) -> None:
+        self.snap.restore()
+
+    def compare(self, when: str) -> None:
         """After a call into the student's code: anything the snapshot holds changed -> the job ends."""
-        changes = snap.changes()
+        changes = self.snap.changes()
         if changes:
             raise _Tampered(changes, when)
 
-    def clock_factory(name: str, what: str = ""):
-        events = gpu_here and contract[name]["target"] == "gpu"
+    def clock_factory(self, name: str, what: str = ""):
+        """A clock per timed pass (the last pass compared, labkit put back first), and the clock's method."""
+        events = self.info.kind == "gpu" and self.job.variants[name].target == "gpu"
 
-        def make_clock() -> _Clock:  # before each timed pass: the last one compared, labkit put back, a fresh clock
-            if student_phase[0]:
-                check(what)
-            restore()
-            return _Clock(events, syncs)
+        def make_clock() -> _Clock:
+            if self.student_code:
+                self.compare(what)
+            self.restore()
+            return _Clock(events, self.syncs)
 
         return make_clock, "cuda-events" if events else "perf_counter"
 
-    # --- the reference solution, timed before any student code exists
-    if timing:
-        chan.send(Kind.PHASE, {"what": "loading and timing the reference solution"})
+    def timed_passes(self, variant: Variant) -> tuple[list, list]:
+        """``warmup`` untimed passes on one image, then ``repeat`` timed ones (per-layer seconds), pass k on the
+        images rotated by k (``np.roll(x, -k)``): a result cached across passes gives the wrong predictions,
+        which come back with the times (one array per pass) for the grader to compare."""
+        t = self.job.timing
+        net, x, w = self.workloads[t.workload]
+        make_clock, _ = self.clock_factory(t.variant, f"during a pass of timing variant {t.variant!r} on "
+                                                      f"{x.shape[0]} images")
+        prepared = engine.prepare(net, variant, x, w)
+        for _ in range(t.warmup):
+            self.restore()
+            engine.forward(net, variant, prepared.first(1))
+        runs, predictions = [], []
+        for k in range(t.repeat):
+            shifted = prepared if k == 0 else engine.prepare(net, variant, np.roll(x, -k, axis=0), w)
+            self.restore()
+            probs, seconds = engine.time_passes(net, variant, shifted, 1, warmup=False, clock_factory=make_clock)
+            runs += seconds
+            predictions.append(np.asarray(probs, np.float32))
+        return runs, predictions
+
+    # ---- the reference solution: timed before any student code exists
+    def time_reference(self) -> bool:
+        t = self.job.timing
+        self.send(P.Phase("loading and timing the reference solution"))
         try:
-            ref = _variant_fields(_variants_of(ownership.load_cells(job["reference_notebook"], code.solution),
-                                               "reference solution")[timing["variant"]])
-            net, x, w = workloads[timing["workload"]]
-            make_clock, method = clock_factory(timing["variant"])
-            runs, preds = _timed_passes(net, variant(timing["variant"], ref["impls"]), x, w, timing, make_clock,
-                                        restore)
+            ns = ownership.load_cells(self.job.reference_notebook, self.code.solution)
+            ref = _variant_fields(_variants_of(ns, "reference solution")[t.variant])
+            runs, preds = self.timed_passes(self.variant(t.variant, ref["impls"]))
         except BaseException as exc:  # noqa: BLE001 - reported as the grader's own problem
-            chan.send(Kind.GRADER_ERROR, {"message": "the reference solution failed: "
-                                          + describe_exception(exc, "the reference solution"),
-                                          "traceback": traceback.format_exc(limit=6)})
+            self.send(P.GraderError("the reference solution failed: "
+                                    + describe_exception(exc, "the reference solution"),
+                                    traceback.format_exc(limit=6)))
+            return False
+        self.send(P.Reference(runs=runs, method=self.clock_factory(t.variant)[1]), _pass_arrays(preds))
+        return True
+
+    def run(self) -> None:
+        job = self.job
+        self.send(P.Hello(device=device.label(self.info), kind=self.info.kind, simulated=self.info.simulated,
+                          pid=os.getpid(), labkit=os.path.dirname(os.path.abspath(engine.__file__))))
+        if job.timing and job.reference_notebook and not self.time_reference():
             return
-        chan.send(Kind.REFERENCE, {"runs": runs, "method": method}, _pass_arrays(preds))
+        if job.mode != "student":
+            return
+        self.student_code = True
+        student = StudentPhases(self)
+        try:
+            for phase in (student.load, student.checks, student.technique, student.accuracy, student.timing):
+                if not phase():
+                    break
+        except _Tampered as t:
+            self.restore()
+            self.send(P.Tampered(what=t.changes[:20], count=len(t.changes), when=t.when))
 
-    try:
-        student_phase[0] = True
-        _student_part(job, chan, stdin, info, snap, tracer_ref, given_log, arrays, nets, contract, workloads, timing,
-                      timed_name, code, lib, variant, check, clock_factory, syncs)
-    except _Tampered as t:
-        restore()
-        chan.send(Kind.TAMPERED, {"what": t.changes[:20], "count": len(t.changes), "when": t.when})
 
+class StudentPhases:
+    """The student's part of a job, one method per phase; each returns whether the next one runs."""
 
-def _student_part(job, chan, stdin, info, snap, tracer_ref, given_log, arrays, nets, contract, workloads, timing,
-                  timed_name, code, lib, variant, check, clock_factory, syncs) -> None:
-    restore = snap.restore
+    def __init__(self, job: Job):
+        self.ctx = job
+        self.ns: dict = {}
+        self.student: dict[str, Variant] = {}  # graded variant -> the student's functions, as the stage declares
+        self.checked: dict[str, Variant] = {}  # ... with the timed variant's conv functions traced
+        self.tracer: ownership.Tracer | None = None
+
     # --- the student's kernel cells, and nothing else of the notebook
-    restore()
-    chan.send(Kind.PHASE, {"what": "loading the notebook's kernel cells"})
-    ns: dict = {}
-    try:
-        ns = ownership.load_cells(job["student_notebook"], code.own, code.trees)
-        found = _variants_of(ns, "your notebook")
-    except BaseException as exc:  # noqa: BLE001 - every way a notebook can fail to load becomes one message
-        check("while loading the kernel cells")
-        msg = str(exc) if isinstance(exc, nbcells.NotebookError) else \
-            "loading the kernel cells failed: " + describe_exception(exc, "a kernel cell")
-        chan.send(Kind.LOAD_ERROR, {"message": msg, "forbidden": list(given_log)})
-        return
-    check("while loading the kernel cells")
-    declared: dict[str, dict] = {}
-    problems: dict[str, str] = {}
-    for name in contract:
-        if name not in found:
-            problems[name] = (f"VARIANTS has no {name!r} (it has {', '.join(map(repr, found)) or 'nothing'}); "
-                              f"this stage grades {', '.join(map(repr, contract))}")
-            continue
+    def load(self) -> bool:
+        ctx, job = self.ctx, self.ctx.job
+        ctx.restore()
+        ctx.send(P.Phase("loading the notebook's kernel cells"))
         try:
-            declared[name] = _variant_fields(found[name])
-        except TypeError as exc:
-            problems[name] = f"VARIANTS[{name!r}] {exc}"
-    check("while reading VARIANTS")
-    restore()
-    student = {name: variant(name, f["impls"]) for name, f in declared.items()}
+            self.ns = ownership.load_cells(job.notebook, ctx.code.own, ctx.code.trees)
+            found = _variants_of(self.ns, "your notebook")
+        except BaseException as exc:  # noqa: BLE001 - every way a notebook can fail to load becomes one message
+            ctx.compare("while loading the kernel cells")
+            msg = str(exc) if isinstance(exc, nbcells.NotebookError) else \
+                "loading the kernel cells failed: " + describe_exception(exc, "a kernel cell")
+            ctx.send(P.LoadError(msg, list(ctx.given_log)))
+            return False
+        ctx.compare("while loading the kernel cells")
+        declared, problems = self._declared(found)
+        ctx.compare("while reading VARIANTS")
+        ctx.restore()
+        self.student = {name: ctx.variant(name, f["impls"]) for name, f in declared.items()}
+        forbidden = list(ctx.given_log)
+        if job.timed in self.student:  # own kernels only: the timed variant's conv functions, scanned now
+            try:
+                forbidden += ownership.scan(ownership.conv_roots(self.student[job.timed]), ctx.code, ctx.lib)
+            except Exception as exc:  # noqa: BLE001 - the scan is the grader's: a crash in it is reported
+                ctx.send(P.GraderError(f"the own-kernels scan failed: {type(exc).__name__}: {exc}",
+                                       traceback.format_exc(limit=6)))
+                return False
+        ctx.send(P.Loaded(variants={n: {k: v for k, v in f.items() if k != "impls"} | {"impls": sorted(f["impls"])}
+                                    for n, f in declared.items()},
+                          problems=problems, forbidden=list(dict.fromkeys(forbidden))))
+        if ctx.answer() is not P.Answer.CONTINUE:
+            return False
+        self.tracer = ownership.Tracer(ctx.code, ctx.lib, [self.ns])
+        ctx.tracer_ref[0] = self.tracer
+        self.checked = {name: (self._traced(v) if name == job.timed else v) for name, v in self.student.items()}
+        return True
 
-    # --- own kernels only: the timed variant's conv functions, scanned now and traced while they run
-    forbidden = list(given_log)
-    if timed_name in student:
-        try:
-            forbidden += ownership.scan(ownership.conv_roots(student[timed_name]), code, lib)
-        except Exception as exc:  # noqa: BLE001 - the scan is the grader's: a crash in it is reported, not hidden
-            chan.send(Kind.GRADER_ERROR, {"message": f"the own-kernels scan failed: {type(exc).__name__}: {exc}",
-                                          "traceback": traceback.format_exc(limit=6)})
-            return
-    chan.send(Kind.LOADED, {"variants": {n: {k: v for k, v in f.items() if k != "impls"} | {"impls": sorted(f["impls"])}
-                                         for n, f in declared.items()}, "problems": problems,
-                            "forbidden": list(dict.fromkeys(forbidden))})
-    if read_answer(stdin) is not Answer.CONTINUE:
-        return
-    tracer = ownership.Tracer(code, lib, [ns])
-    tracer_ref[0] = tracer
-    records: list[dict] = []
+    def _declared(self, found: dict) -> tuple[dict, dict]:
+        """The graded variants' fields as the student's VARIANTS has them, and what is wrong with the others."""
+        names = list(self.ctx.job.variants)
+        declared: dict[str, dict] = {}
+        problems: dict[str, str] = {}
+        for name in names:
+            if name not in found:
+                problems[name] = (f"VARIANTS has no {name!r} (it has {', '.join(map(repr, found)) or 'nothing'}); "
+                                  f"this stage grades {', '.join(map(repr, names))}")
+                continue
+            try:
+                declared[name] = _variant_fields(found[name])
+            except TypeError as exc:
+                problems[name] = f"VARIANTS[{name!r}] {exc}"
+        return declared, problems
 
-    def traced(fn, layer_name: str):
+    def _traced(self, v: Variant) -> Variant:
+        """``v`` with each conv function recorded by the tracer while it runs."""
+        impls = dict(v.impls)
+        for net_name in v.nets:
+            for layer in kernel_layers(get_net(net_name)):
+                fn = impl_for(v.impls, layer) if layer.kind == "conv" else None
+                if fn is not None:
+                    impls[layer.name] = self._traced_call(fn, layer.name)
+        return replace(v, impls=impls)
+
+    def _traced_call(self, fn, layer_name: str):
+        tracer, records = self.tracer, self.ctx.records
+
         def call(*args):
             rec = tracer.call(fn, args)
             rec["layer"] = layer_name
@@ -393,145 +458,132 @@ def _student_part(job, chan, stdin, info, snap, tracer_ref, given_log, arrays, n
         call.__name__ = getattr(fn, "__name__", "conv")
         return call
 
-    def traced_variant(v: Variant) -> Variant:
-        impls = dict(v.impls)
-        for net_name in v.nets:
-            for layer in kernel_layers(get_net(net_name)):
-                fn = impl_for(v.impls, layer) if layer.kind == "conv" else None
-                if fn is not None:
-                    impls[layer.name] = traced(fn, layer.name)
-        return replace(v, impls=impls)
-
-    checked = {name: (traced_variant(v) if name == timed_name else v) for name, v in student.items()}
-
     # --- checks: raw outputs back to the grader, which compares them
-    failed: set = set()  # (variant, net, what) that raised: its other batch sizes are skipped
-    broken: set = set()  # (variant, net) with a layer that raised: its whole-network check is skipped
-    for c in job["cases"]:
-        restore()
-        name, what, layer = c["variant"], c["what"], Layer(**c["layer"]) if c["layer"] else None
-        key = (name, c["net_name"], what)
-        if name not in checked or key in failed or (layer is None and key[:2] in broken):
-            chan.send(Kind.CASE, {"id": c["id"], "skipped": True})
-            continue
-        v = checked[name]
-        x, w = arrays[c["x"]], {n: arrays[a] for n, a in c["weights"].items()}
+    def checks(self) -> bool:
+        ctx = self.ctx
+        failed: set = set()  # (variant, net, what) that raised or was judged wrong: its other batch sizes skip
+        broken: set = set()  # (variant, net) with a layer that failed: its whole-network check is skipped
+        for case in ctx.job.cases:
+            ctx.restore()
+            key = (case.variant, case.net_name, case.what)
+            if case.variant not in self.checked or key in failed or (case.layer is None and key[:2] in broken):
+                ctx.send(P.CaseResult(case.id, skipped=True))
+                continue
+            if not self._check(case):
+                failed.add(key)
+                broken.add(key[:2])
+        ctx.send(P.ChecksDone())
+        return ctx.answer() is P.Answer.CONTINUE
+
+    def _check(self, case: P.CaseSpec) -> bool:
+        """One check: the call, the launches, races and the trace back to the grader; True if judged right."""
+        ctx = self.ctx
+        v = self.checked[case.variant]
+        layer = Layer(**case.layer) if case.layer else None
+        x, w = ctx.arrays[case.x], ctx.weights(case.weights)
         fn = impl_for(v.impls, layer) if layer is not None else None
         if layer is not None and fn is None:
-            failed.add(key)
-            broken.add(key[:2])
-            chan.send(Kind.CASE, {"id": c["id"], "error": f"VARIANTS[{name!r}] has no function for {what} "
-                                                          f"(give impls a {layer.name!r} or {layer.kind!r} entry)"})
-            read_answer(stdin)  # the verdict every judged case gets (here: stop)
-            continue
-        when = f"{what} (batch size {c['batch']}) of variant {name!r}"
-        chan.send(Kind.START, {"what": when})
-        watch_races = layer is not None and contract[name]["target"] == "gpu" and simulator.active()
-        records.clear()
-        meta: dict = {"id": c["id"]}
+            ctx.send(P.CaseResult(case.id, error=f"VARIANTS[{case.variant!r}] has no function for {case.what} "
+                                                 f"(give impls a {layer.name!r} or {layer.kind!r} entry)"))
+            ctx.answer()  # the verdict every judged case gets (here: stop)
+            return False
+        when = f"{case.what} (batch size {case.batch}) of variant {case.variant!r}"
+        ctx.send(P.Start(when))
+        watch_races = layer is not None and v.target == "gpu" and simulator.active()
+        ctx.records.clear()
+        result = P.CaseResult(case.id)
         got = None
         try:
-            with gpu.counting() as counts, simcheck.watching() if watch_races else _nothing() as watch:
+            with gpu.counting() as counts, simcheck.watching() if watch_races else nullcontext() as watch:
                 if layer is not None:
                     got = engine.call_layer(fn, layer, x, w, v.arrays)
                 else:
-                    net = nets[c["net"]]
+                    net = ctx.nets[case.net]
                     got = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
         except _Tampered:
             raise
         except BaseException as exc:  # noqa: BLE001 - the student's raise is a FAIL with its line, not a crash
-            failed.add(key)
-            broken.add(key[:2])
-            meta["error"] = describe_exception(exc, what)
-        check(f"during {when}")
-        meta["launches"] = counts.launches
-        trace = _summary(records)
-        if trace:
-            meta["trace"] = trace
+            result.error = describe_exception(exc, case.what)
+        ctx.compare(f"during {when}")
+        result.launches = counts.launches
+        result.trace = _summary(ctx.records)
         if watch is not None and watch.conflicts:
-            meta["race"] = f"data race at batch size {c['batch']}: {watch.conflicts[0].describe()}"
-        chan.send(Kind.CASE, meta, {"out": np.ascontiguousarray(got)} if got is not None and "error" not in meta
-                  else None)
-        if read_answer(stdin) is not Answer.CONTINUE:  # the grader judged it wrong: the rest of this layer (its
-            failed.add(key)  # other batch sizes) and its net's forward pass would only repeat that
-            broken.add(key[:2])
-    chan.send(Kind.CHECKS_DONE)
-    if read_answer(stdin) is not Answer.CONTINUE:
-        return
+            result.race = f"data race at batch size {case.batch}: {watch.conflicts[0].describe()}"
+        ctx.send(result, {"out": np.ascontiguousarray(got)} if got is not None and result.error is None else None)
+        # judged wrong: the rest of this layer (its other batch sizes) and its net's forward pass would only repeat it
+        verdict = ctx.answer()
+        return result.error is None and verdict is P.Answer.CONTINUE
 
     # --- technique: does the timed variant's conv use the stage's memory (its values passed the checks above)
-    tech = job.get("technique")
-    if tech and timed_name in student:
-        restore()
-        v = student[timed_name]
-        conv = impl_for(v.impls, get_net(tech["net"]).layer(tech["layer"]))
-        chan.send(Kind.START, {"what": f"the technique check ({tech['memory']} memory) of variant {timed_name!r}"})
-        r = check_technique(conv, tech["net"], tech["layer"], tech["memory"], arrays=v.arrays, quiet=True)
-        check("during the technique check")
-        chan.send(Kind.TECHNIQUE, {"passed": r.passed, "line": str(r)})
+    def technique(self) -> bool:
+        ctx, tech, timed = self.ctx, self.ctx.job.technique, self.ctx.job.timed
+        if tech and timed in self.student:
+            ctx.restore()
+            v = self.student[timed]
+            conv = impl_for(v.impls, get_net(tech.net).layer(tech.layer))
+            ctx.send(P.Start(f"the technique check ({tech.memory} memory) of variant {timed!r}"))
+            r = check_technique(conv, tech.net, tech.layer, tech.memory, arrays=v.arrays, quiet=True)
+            ctx.compare("during the technique check")
+            ctx.send(P.Technique(passed=r.passed, line=str(r)))
+        return True
 
     # --- accuracy: the whole network with the student's functions on the grader's images
-    for a in job["accuracy"]:
-        restore()
-        v = checked[a["variant"]]
-        net, x, w = workloads[a["workload"]]
-        when = f"the {net.name} forward pass ({x.shape[0]} images) of variant {v.name!r}"
-        chan.send(Kind.START, {"what": when})
-        records.clear()
-        meta = {"id": a["id"]}
-        probs = None
+    def accuracy(self) -> bool:
+        ctx = self.ctx
+        for a in ctx.job.accuracy:
+            ctx.restore()
+            v = self.checked[a.variant]
+            net, x, w = ctx.workloads[a.workload]
+            when = f"the {net.name} forward pass ({x.shape[0]} images) of variant {v.name!r}"
+            ctx.send(P.Start(when))
+            ctx.records.clear()
+            result = P.AccuracyResult(a.id)
+            probs = None
+            try:
+                probs = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
+            except _Tampered:
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                result.error = describe_exception(exc, f"the {net.name} forward pass")
+            ctx.compare(f"during {when}")
+            result.trace = _summary(ctx.records)
+            ctx.send(result, {"probs": np.ascontiguousarray(probs)} if probs is not None else None)
+        ctx.tracer_ref[0] = None
+        ctx.send(P.AccuracyDone())
+        return bool(ctx.job.timing) and ctx.answer() is P.Answer.CONTINUE
+
+    # --- op time: the student's timed variant, the same way as the reference's
+    def timing(self) -> bool:
+        ctx, t = self.ctx, self.ctx.job.timing
+        ctx.restore()
+        net, x, _ = ctx.workloads[t.workload]
+        when = f"timing variant {t.variant!r} on {x.shape[0]} images"
+        ctx.send(P.Start(when))
         try:
-            probs = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
+            runs, preds = ctx.timed_passes(self.student[t.variant])
         except _Tampered:
             raise
         except BaseException as exc:  # noqa: BLE001
-            meta["error"] = describe_exception(exc, f"the {net.name} forward pass")
-        check(f"during {when}")
-        trace = _summary(records)
-        if trace:
-            meta["trace"] = trace
-        chan.send(Kind.ACCURACY, meta, {"probs": np.ascontiguousarray(probs)} if probs is not None else None)
-    tracer_ref[0] = None
-    chan.send(Kind.ACCURACY_DONE)
-    if not timing or read_answer(stdin) is not Answer.CONTINUE:
-        return
-
-    # --- op time: the student's timed variant, the same way as the reference's above
-    restore()
-    name = timing["variant"]
-    net, x, w = workloads[timing["workload"]]
-    when = f"timing variant {name!r} on {x.shape[0]} images"
-    chan.send(Kind.START, {"what": when})
-    make_clock, method = clock_factory(name, f"during a pass of {when}")
-    try:
-        runs, preds = _timed_passes(net, student[name], x, w, timing, make_clock, restore)
-    except _Tampered:
-        raise
-    except BaseException as exc:  # noqa: BLE001
-        check(f"during {when}")
-        chan.send(Kind.TIMING, {"error": describe_exception(exc, "the timed run")})
-        return
-    check(f"during {when}")
-    chan.send(Kind.TIMING, {"runs": runs, "method": method}, _pass_arrays(preds))
-
-
-@contextmanager
-def _nothing():
-    yield None
+            ctx.compare(f"during {when}")
+            ctx.send(P.Timing(error=describe_exception(exc, "the timed run")))
+            return False
+        ctx.compare(f"during {when}")
+        ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1]), _pass_arrays(preds))
+        return True
 
 
 def describe(notebook: str, out: str) -> None:
-    """What a (trusted) solution notebook's VARIANTS declare, as JSON for the grader."""
+    """What a (trusted) solution notebook's VARIANTS declare, as JSON for the grader (a ``VariantSpec`` each)."""
     variants = _variants_of(nbcells.load(notebook), notebook)
     desc = {}
     for name, v in variants.items():
         f = _variant_fields(v)
-        nets = list(getattr(v, "nets", ("cifar10",)))
+        nets = tuple(getattr(v, "nets", ("cifar10",)))
         layers = {n: [ly.name for ly in kernel_layers(get_net(n)) if impl_for(f["impls"], ly)] for n in nets}
-        desc[name] = {"target": f["target"], "arrays": f["arrays"], "per_image": bool(f["per_image"]),
-                      "nets": nets, "layers": layers, "note": getattr(v, "note", ""),
-                      "fuse": list(getattr(v, "fuse", ())), "requires": list(getattr(v, "requires", ())),
-                      "unavailable": v.unavailable() if hasattr(v, "unavailable") else ""}
+        desc[name] = P.VariantSpec(name=name, target=f["target"], arrays=f["arrays"], per_image=bool(f["per_image"]),
+                                   nets=nets, layers=layers, note=getattr(v, "note", ""),
+                                   fuse=tuple(getattr(v, "fuse", ())), requires=tuple(getattr(v, "requires", ())),
+                                   unavailable=v.unavailable() if hasattr(v, "unavailable") else "").to_json()
     with open(out, "w") as fh:
         json.dump({"variants": desc, "order": list(variants)}, fh)
 
@@ -541,27 +593,29 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--describe"]:
         describe(argv[1], argv[3] if len(argv) > 3 and argv[2] == "--json" else "describe.json")
         return 0
-    job = json.loads(sys.stdin.readline())
+    raw = json.loads(sys.stdin.readline())
     # the grader's answers come on stdin: keep it for them, and give the student's code an empty stdin instead
-    stdin = os.fdopen(os.dup(0), "r")
+    answers = os.fdopen(os.dup(0), "r")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - for the process's lifetime
-    chan = _Channel(int(job["fd"]))
+    chan = _Channel(int(raw["fd"]))
     try:
+        job = P.JobSpec.from_json(raw)
         _set_limits(job)
+        _use_tuning(job)
         info = device.info()  # detected once, before the snapshot, so putting labkit back keeps it
         tracer_ref: list = [None]
         hooked = [cls for cls, _, _ in ownership.install_launch_hook(tracer_ref)]
         given_log: list[str] = []
-        _guard_from_stage(job["stage"], given_log)
-        run_job(job, chan, stdin, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log)
-        chan.send(Kind.DONE)
+        _guard_from_stage(job.stage, given_log)
+        Job(job, chan, answers, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log).run()
+        chan.send(P.Done())
     except BaseException as exc:  # noqa: BLE001 - the grader must hear about its worker's own failures
         try:
-            chan.send(Kind.GRADER_ERROR, {"message": f"grade worker failed: {type(exc).__name__}: {exc}",
-                                          "traceback": traceback.format_exc(limit=8)})
+            chan.send(P.GraderError(f"grade worker failed: {type(exc).__name__}: {exc}",
+                                    traceback.format_exc(limit=8)))
         except OSError:
             pass
     sys.stdout.flush()
