@@ -94,6 +94,55 @@ class Recording:
                    d.get("expected"))
 
 
+# ----------------------------------------------------------------------------------- elements and threads
+
+
+def first_wrong(rec: Recording) -> tuple | None:
+    """(n, m, i, j) of the first output element that is wrong or unwritten, as the self-check finds it."""
+    if rec.output is None:
+        shape = rec.case["out"]
+        return tuple(int(v) for v in np.unravel_index(0, shape))
+    got = np.asarray(rec.output, np.float64)
+    want = np.asarray(rec.expected, np.float64)
+    scale = np.sqrt(np.mean(want ** 2)) or 1.0
+    bad = ~np.isfinite(got) | (np.abs(np.nan_to_num(got) - want) > 1e-4 * scale)
+    if not bad.any():
+        return None
+    return tuple(int(v) for v in np.unravel_index(int(np.argmax(bad)), rec.case["out"]))
+
+
+def element_or_middle(rec: Recording, element) -> tuple:
+    """``element``, or the middle output element of the first image and map."""
+    out = rec.case["out"]
+    if element is None:
+        return (0, 0, out[2] // 2, out[3] // 2) if len(out) == 4 else tuple(s // 2 for s in out)
+    return tuple(int(v) for v in element)
+
+
+def output_array(launch: Launch) -> str | None:
+    return next((n for n in launch.names if launch.arrays[n]["role"] == "output"
+                 and launch.arrays[n]["kind"] == "global"), None)
+
+
+def writer(rec: Recording, launch: Launch, element) -> tuple | None:
+    """(block, thread) of the thread that stored output ``element`` (n, m, i, j) last, or None."""
+    name = output_array(launch)
+    if name is None:
+        return None
+    flat = int(np.ravel_multi_index(element, rec.case["out"]))
+    return launch.writer_of(name, flat)
+
+
+def selection(rec: Recording, launch: Launch, element=None, block=None, thread=None, warp=None) -> tuple:
+    """(block, thread, warp) for ``labkit.draw.select``: as given, else the thread that writes ``element``."""
+    if block is not None or thread is not None or warp is not None:
+        return (block or 0, thread, warp)
+    who = writer(rec, launch, element_or_middle(rec, element))
+    if who is None:
+        return (0, 0, None)
+    return (who[0], who[1], None)
+
+
 # --------------------------------------------------------------------------------------------- the case
 
 

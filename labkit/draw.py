@@ -170,23 +170,39 @@ def _crosses(ax, xs, ys, size: float = 0.32) -> None:
 
 
 def _columns(launch: Launch, ctx: np.ndarray) -> list[str]:
-    """The arrays the block touches, in role order (input, weights, bias, buffers, output), global first."""
+    """The arrays the block touches: global ones first (input, weights, bias, buffers), then constant, then shared
+    memory, the global output last."""
     used = {launch.names[a] for a in np.unique(launch.rows[ctx, 0])}
     kind_order = {"global": 0, "constant": 1, "shared": 2}
-    return sorted(used, key=lambda n: (ROLES.index(launch.arrays[n]["role"]),
-                                        kind_order[launch.arrays[n]["kind"]], n))
+
+    def key(n):
+        info = launch.arrays[n]
+        last = info["kind"] == "global" and info["role"] == "output"
+        return (last, kind_order[info["kind"]], ROLES.index(info["role"]), n)
+
+    return sorted(used, key=key)
 
 
-def _epochs(sel_rows: np.ndarray, ctx_rows: np.ndarray, most: int) -> tuple[list[int], str]:
-    """The epochs to draw: every one the block is in, or the first ``most - 2`` and the last two, with a note."""
+ALL = -1  # the pseudo-epoch of a row that shows every epoch together
+
+
+def _epochs(sel_rows: np.ndarray, ctx_rows: np.ndarray, most: int, prefer=()) -> tuple[list[int], str]:
+    """The epochs to draw: every one the block is in; when there are more than ``most``, a row of all epochs
+    together, then the first ``most - 1`` (or those in ``prefer``: where yours and the spec differ) and the last."""
     all_ = sorted(set(ctx_rows[:, 8].tolist()) | set(sel_rows[:, 8].tolist()))
     if len(all_) <= most:
         return all_, ""
-    keep = all_[:most - 2] + all_[-2:]
-    return keep, f"epochs {all_[most - 2]}–{all_[-3]} not drawn: they repeat the pattern for the next steps"
+    picked = [e for e in all_[:-1] if e in set(prefer)][:most - 1]
+    picked = sorted(set(picked) | set([e for e in all_[:-1] if e not in picked][:most - 1 - len(picked)]))
+    keep = [ALL] + picked + all_[-1:]
+    left = [e for e in all_ if e not in keep]
+    which = f"epoch {left[0]}" if len(left) == 1 else f"{len(left)} epochs"
+    return keep, f"{which} not drawn on their own"
 
 
 def _epoch_label(e: int, last: int) -> str:
+    if e == ALL:
+        return "all epochs\ntogether"
     if last == 0:
         return "no barrier"
     if e == 0:
@@ -227,14 +243,42 @@ def stacked_figure(items, *, title: str = "", budget: dict | None = None, most_e
 def compare_figure(yours: Launch, spec: Launch, yours_sel, spec_sel, *, title: str = "", budget: dict | None = None,
                    most_epochs: int = 4, note: str = ""):
     """"Yours vs the spec": the same picture for a thread of your launch and the spec's thread, one above the other,
-    with squares where they differ (magenta: the spec reads it, yours does not; black: yours reads it, the spec
-    does not). ``*_sel``: (block, thread) pairs."""
+    with squares where they (or their blocks) differ (magenta: the spec reads it, yours does not; black: yours
+    reads it, the spec does not). ``*_sel``: (block, thread) pairs."""
     ys, yc, ywho = select(yours, *yours_sel)
     ss, sc, swho = select(spec, *spec_sel)
     pairs = _match_arrays(yours, spec)
-    ymarks, smarks = _differences(yours, ys, spec, ss, pairs)
+    ymarks, smarks = _differences(yours, ys, spec, ss, pairs, yc, sc)
     stack = [(yours, ys, yc, f"yours: {ywho}", ymarks), (spec, ss, sc, f"the spec: {swho}", smarks)]
-    return _figure(stack, title, budget, most_epochs, note, heads=("yours", "spec"), compare=True)
+    words = diff_words(yours, ys, spec, ss, pairs)
+    return _figure(stack, title, budget, most_epochs, "\n".join(filter(None, [words, note])), heads=("yours", "spec"),
+                   compare=True)
+
+
+def diff_words(yours: Launch, ys, spec: Launch, ss, pairs: dict | None = None, most: int = 4) -> str:
+    """What the chosen thread of yours reads that the spec's does not, and the reverse, as element names."""
+    pairs = pairs if pairs is not None else _match_arrays(yours, spec)
+    extra, missed = [], []
+    for yname, sname in pairs.items():
+        ya, sa = yours.names.index(yname), spec.names.index(sname)
+        yr, sr = yours.rows[ys & (yours.rows[:, 9] == 0)], spec.rows[ss & (spec.rows[:, 9] == 0)]
+        mine, theirs = set(yr[yr[:, 0] == ya, 1].tolist()), set(sr[sr[:, 0] == sa, 1].tolist())
+        shape = yours.arrays[yname]["shape"]
+        extra += [_element_name(yname, f, shape) for f in sorted(mine - theirs)]
+        missed += [_element_name(yname, f, shape) for f in sorted(theirs - mine)]
+    if not extra and not missed:
+        return "Your thread reads the same elements as the spec's (in some epoch): compare where it writes them."
+
+    def some(items):
+        return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+    parts = ([f"yours reads {some(extra)}, which the spec's does not"] if extra else []) + (
+        [f"the spec's reads {some(missed)}, which yours does not"] if missed else [])
+    return "Your thread vs the spec's: " + "; ".join(parts) + "."
+
+
+def _element_name(name: str, flat: int, shape) -> str:
+    return f"{name}[{', '.join(str(int(i)) for i in np.unravel_index(int(flat), tuple(shape)))}]"
 
 
 def _match_arrays(yours: Launch, spec: Launch) -> dict[str, str]:
@@ -256,26 +300,72 @@ def _match_arrays(yours: Launch, spec: Launch) -> dict[str, str]:
     return out
 
 
-def _differences(yours, ys, spec, ss, pairs) -> tuple[dict, dict]:
-    """Per (array, epoch): cells read by one and not the other, as marks for ``_panel``."""
+def _differences(yours, ys, spec, ss, pairs, yc=None, sc=None) -> tuple[dict, dict]:
+    """Per (array, epoch): cells read by one and not the other, as marks for ``_panel``: the chosen threads', and
+    (``yc``, ``sc``: their blocks' masks) their blocks', so a block's shifted load shows as a whole row."""
     ymarks, smarks = {}, {}
-    yr, sr = yours.rows[ys & (yours.rows[:, 9] == 0)], spec.rows[ss & (spec.rows[:, 9] == 0)]
-    for yname, sname in pairs.items():
-        ya, sa = yours.names.index(yname), spec.names.index(sname)
-        for e in set(yr[:, 8].tolist()) | set(sr[:, 8].tolist()):
-            mine = set(yr[(yr[:, 0] == ya) & (yr[:, 8] == e), 1].tolist())
-            theirs = set(sr[(sr[:, 0] == sa) & (sr[:, 8] == e), 1].tolist())
-            if mine - theirs:
-                ymarks[(yname, e)] = [(EXTRA, sorted(mine - theirs))]
-                smarks[(sname, e)] = smarks.get((sname, e), []) + [(EXTRA, sorted(mine - theirs))]
-            if theirs - mine:
-                ymarks[(yname, e)] = ymarks.get((yname, e), []) + [(MISSED, sorted(theirs - mine))]
-                smarks[(sname, e)] = smarks.get((sname, e), []) + [(MISSED, sorted(theirs - mine))]
+    for ymask, smask in ((ys, ss), (yc, sc)):
+        if ymask is None or smask is None:
+            continue
+        yr, sr = yours.rows[ymask & (yours.rows[:, 9] == 0)], spec.rows[smask & (spec.rows[:, 9] == 0)]
+        for yname, sname in pairs.items():
+            ya, sa = yours.names.index(yname), spec.names.index(sname)
+            for e in set(yr[:, 8].tolist()) | set(sr[:, 8].tolist()) | {ALL}:
+                ye, se = _in_epoch(yr, e), _in_epoch(sr, e)
+                mine = set(ye[ye[:, 0] == ya, 1].tolist())
+                theirs = set(se[se[:, 0] == sa, 1].tolist())
+                for colour, cells in ((EXTRA, mine - theirs), (MISSED, theirs - mine)):
+                    if cells:
+                        ymarks.setdefault((yname, e), []).append((colour, sorted(cells)))
+                        smarks.setdefault((sname, e), []).append((colour, sorted(cells)))
     return ymarks, smarks
 
 
-LABEL_IN, HEAD_IN, TITLE_IN, FOOT_IN = 0.95, 0.5, 0.4, 1.35
+LABEL_IN, HEAD_IN, TITLE_IN, FOOT_IN = 0.95, 0.68, 0.4, 1.35
 MAX_PANEL_IN = 1.6  # the tallest panel of an epoch row, inches
+MAX_CELL_IN, MIN_CELL_IN = 0.2, 0.075  # a cell's side; below the smallest, the arrays go on two lines
+
+
+def _panel_size(size: tuple[int, int]) -> tuple[int, int]:
+    return size
+
+
+def _in_epoch(rows: np.ndarray, e: int) -> np.ndarray:
+    return rows if e == ALL else rows[rows[:, 8] == e]
+
+
+def _row_heights(band, cell: float) -> list[float]:
+    """Inches of each epoch row of a band: its tallest panel, and room for the epoch's label."""
+    launch, sel_rows, ctx_rows, _, _, epochs, cols, sizes = band
+    out = []
+    for e in epochs:
+        used = set(_in_epoch(sel_rows, e)[:, 0].tolist()) | set(_in_epoch(ctx_rows, e)[:, 0].tolist())
+        tall = [min(cell * h, MAX_PANEL_IN) for name, (h, _) in zip(cols, sizes) if launch.names.index(name) in used]
+        out.append(max(0.55, max(tall, default=0) + 0.14))
+    return out
+
+
+def _fit(sizes: list, room: float) -> float:
+    """The largest cell side (inches) at which panels of ``sizes`` fit ``room``, tall ones capped in height."""
+    cell = MAX_CELL_IN
+    while cell > 0.01 and sum(w * min(cell, MAX_PANEL_IN / h) for h, w in sizes) + GAP * cell * (len(sizes) - 1) > room:
+        cell *= 0.95
+    return cell
+
+
+def _lines(cols: list, room: float) -> list[list]:
+    """The columns split into lines that fit the width at the smallest cell size (most figures: one line)."""
+    lines, line, used = [], [], 0.0
+    for name, (h, w) in cols:
+        c = min(MIN_CELL_IN, MAX_PANEL_IN / h)
+        need = w * c + (GAP * MIN_CELL_IN if line else 0)
+        if line and used + need > room:
+            lines.append(line)
+            line, used = [], 0.0
+            need = w * c
+        line.append((name, (h, w)))
+        used += need
+    return lines + ([line] if line else [])
 GAP = 1.5  # cells between two panels
 
 
@@ -283,47 +373,53 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    plans = []
+    room = WIDTH - LABEL_IN - 0.1
+    bands = []  # (launch, rows..., who, marks, epochs, skipped, columns, sizes): a stack item's arrays, a line each
     for launch, sel, ctx, who, marks in stack:
         sel_rows, ctx_rows = launch.rows[sel], launch.rows[ctx & ~sel]
-        epochs, skipped = _epochs(sel_rows, launch.rows[ctx], most_epochs)
+        epochs, skipped = _epochs(sel_rows, launch.rows[ctx], most_epochs, {e for _, e in (marks or {})})
         cols = _columns(launch, ctx)
-        sizes = [mosaic(launch.arrays[n]["shape"])[:2] for n in cols]
-        plans.append((launch, sel_rows, ctx_rows, who, marks, epochs, skipped, cols, sizes))
-    room = WIDTH - LABEL_IN - 0.1
-    # one cell size for every panel of the figure, so that a tile and the image it comes from compare by eye
-    cell = min(min(room / (sum(w for _, w in p[8]) + GAP * (len(p[8]) - 1)) for p in plans),
-               min(MAX_PANEL_IN / max(h for h, _ in p[8]) for p in plans), 0.2)
-    heights = [max(0.5, cell * max(h for h, _ in p[8]) + 0.14) for p in plans]
-    height = TITLE_IN + sum(HEAD_IN + eh * len(p[5]) for p, eh in zip(plans, heights)) + FOOT_IN + (
-        0.25 if note else 0)
+        sizes = [_panel_size(mosaic(launch.arrays[n]["shape"])[:2]) for n in cols]
+        for k, part in enumerate(_lines(list(zip(cols, sizes)), room)):
+            ids = [launch.names.index(c) for c, _ in part]
+            touched = set(sel_rows[np.isin(sel_rows[:, 0], ids), 8].tolist()) | set(
+                ctx_rows[np.isin(ctx_rows[:, 0], ids), 8].tolist()) | {ALL}
+            bands.append((launch, sel_rows, ctx_rows, (who + (f"   ({skipped})" if skipped else "")) if k == 0
+                          else "", marks, [e for e in epochs if e in touched] if k else epochs,
+                          [c for c, _ in part], [z for _, z in part]))
+    # one cell size for the whole figure, so that a tile and the image it comes from compare by eye; an array
+    # taller than a panel may be (an unrolled matrix) gets smaller cells of its own
+    cell = min(_fit(b[7], room) for b in bands)
+    rows_in = [_row_heights(b, cell) for b in bands]  # per band, per epoch: its tallest panel
+    title_in = TITLE_IN + 0.17 * title.count("\n")
+    height = title_in + sum(HEAD_IN + sum(r) for r in rows_in) + FOOT_IN + (0.25 if note else 0)
     fig = plt.figure(figsize=(WIDTH, height))
-    y = height - TITLE_IN
-    for (launch, sel_rows, ctx_rows, who, marks, epochs, skipped, cols, sizes), eh in zip(plans, heights):
-        fig.text(0.1 / WIDTH, (y - 0.05) / height, who + (f"   ({skipped})" if skipped else ""), fontsize=9,
-                 fontweight="bold", va="top")
-        xs = [LABEL_IN]
-        for _, w in sizes:
-            xs.append(xs[-1] + (w + GAP) * cell)
-        for k, name in enumerate(cols):
+    y = height - title_in
+    for (launch, sel_rows, ctx_rows, who, marks, epochs, cols, sizes), row_in in zip(bands, rows_in):
+        if who:
+            fig.text(0.1 / WIDTH, (y - 0.05) / height, who, fontsize=9, fontweight="bold", va="top")
+        boxes, x = [], LABEL_IN
+        for h, w in sizes:
+            c = min(cell, MAX_PANEL_IN / h)
+            boxes.append((x, w * c, h * c))
+            x += w * c + GAP * cell
+        for (x0, bw, _), name in zip(boxes, cols):
             info = launch.arrays[name]
             shape = "×".join(map(str, info["shape"]))
-            fig.text((xs[k] + sizes[k][1] * cell / 2) / WIDTH, (y - HEAD_IN + 0.03) / height,
+            fig.text((x0 + bw / 2) / WIDTH, (y - HEAD_IN + 0.03) / height,
                      f"$\\bf{{{_tex(name)}}}$\n{info['kind']}\n[{shape}]", fontsize=7.5, ha="center", va="bottom",
                      color=COLOURS[info["role"]], linespacing=1.1)
         y -= HEAD_IN
         last = max(epochs) if epochs else 0
         a_index = {name: launch.names.index(name) for name in cols}
-        for e in epochs:
+        for e, eh in zip(epochs, row_in):
             fig.text((LABEL_IN - 0.08) / WIDTH, (y - eh / 2) / height, _epoch_label(e, last), fontsize=7.5,
                      ha="right", va="center")
-            s_e, c_e = sel_rows[sel_rows[:, 8] == e], ctx_rows[ctx_rows[:, 8] == e]
-            for k, name in enumerate(cols):
+            s_e, c_e = _in_epoch(sel_rows, e), _in_epoch(ctx_rows, e)
+            for (x0, bw, bh), name in zip(boxes, cols):
                 if not ((s_e[:, 0] == a_index[name]).any() or (c_e[:, 0] == a_index[name]).any()):
                     continue  # this array is not touched in this epoch: no panel
-                h, w = sizes[k]
-                ax = fig.add_axes([xs[k] / WIDTH, (y - 0.07 - h * cell) / height, w * cell / WIDTH,
-                                   h * cell / height])
+                ax = fig.add_axes([x0 / WIDTH, (y - 0.07 - bh) / height, bw / WIDTH, bh / height])
                 _panel(ax, launch, name, s_e, c_e, (marks or {}).get((name, e)))
             y -= eh
     base = 0.25 if note else 0.0
@@ -333,11 +429,11 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
     handles.append(Patch(facecolor=_pale(_rgb(COLOURS["input"])), label="pale: the rest of its block"))
     handles.append(plt.Line2D([], [], marker="x", color="black", linestyle="none", label="written"))
     if compare:
-        handles.append(Patch(facecolor="none", edgecolor=MISSED, linewidth=1.3, label="the spec reads it, yours not"))
-        handles.append(Patch(facecolor="none", edgecolor=EXTRA, linewidth=1.3, label="yours reads it, the spec not"))
+        handles.append(Patch(facecolor="none", edgecolor=MISSED, linewidth=1.3, label="the spec (its block) reads, yours not"))
+        handles.append(Patch(facecolor="none", edgecolor=EXTRA, linewidth=1.3, label="yours (your block) reads, the spec not"))
     fig.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, (base + 0.02) / height),
                fontsize=7.5, frameon=False, ncols=2)
-    fig.text(0.1 / WIDTH, 1 - 0.2 / height, title, fontsize=9.5, va="center")
+    fig.text(0.1 / WIDTH, 1 - 0.08 / height, title, fontsize=9.5, va="top")
     if note:
         fig.text(0.1 / WIDTH, 0.06 / height, note, fontsize=7.5, va="bottom")
     return fig

@@ -35,13 +35,13 @@ def show(fn, net: str = "cifar10", layer: str = "conv2", *, element=None, block=
     rec = access.record(target["fn"], case, target["arrays"], target["name"], target["stage"], namespace)
     launch = rec.launch(kernel)
     if spec is None or spec is False:
-        sel = _selection(rec, launch, element, block, thread, warp)
+        sel = access.selection(rec, launch, element, block, thread, warp)
         return draw.thread_figure(launch, *sel, title=title or _title(rec, launch, target), budget=budget,
                                   most_epochs=most_epochs, note=_note(rec))
     spec_fn = _spec_for(target, layer, namespace) if spec is True else spec
     ref = access.record(spec_fn, case, target["arrays"], "the spec", target["stage"], namespace)
     ref_launch = ref.launch(kernel)
-    element = _element(rec, element)
+    element = access.element_or_middle(rec, element)
     return _compare(rec, launch, ref, ref_launch, element, target, budget, most_epochs, title)
 
 
@@ -60,31 +60,17 @@ def failure(fn, net: str = "cifar10", layer: str = "conv2", *, seed: int | None 
         case = _case_args(net, layer, target["fuse"], channels, maps, None, 0 if seed is None else seed)
         rec = access.record(target["fn"], case, target["arrays"], target["name"], target["stage"], namespace)
         tried.append(f"{channels} channels, {maps} maps")
-        wrong = first_wrong(rec)
+        wrong = access.first_wrong(rec)
         if wrong is not None:
             ref = access.record(spec_fn, case, target["arrays"], "the spec", target["stage"], namespace)
-            return _compare(rec, rec.launch(kernel), ref, ref.launch(kernel), wrong, target, budget, 4,
-                            _failure_title(rec, wrong))
+            return _compare(rec, rec.launch(kernel), ref, ref.launch(kernel), wrong, target, budget, 2,
+                            _failure_title(rec, wrong, f"{layer} of {net}"))
     print(f"{target['name']}: every element right on {' and on '.join(tried)} of {layer} (one image): the failure "
           f"needs the check's own sizes or seed; run the self-check again and look at its FAIL line")
     return None
 
 
 show.failure = failure  # lk.show.failure(...), next to lk.show(...)
-
-
-def first_wrong(rec: access.Recording) -> tuple | None:
-    """(n, m, i, j) of the first output element that is wrong or unwritten, as the self-check finds it."""
-    if rec.output is None:
-        shape = rec.case["out"]
-        return tuple(int(v) for v in np.unravel_index(0, shape))
-    got = np.asarray(rec.output, np.float64)
-    want = np.asarray(rec.expected, np.float64)
-    scale = np.sqrt(np.mean(want ** 2)) or 1.0
-    bad = ~np.isfinite(got) | (np.abs(np.nan_to_num(got) - want) > 1e-4 * scale)
-    if not bad.any():
-        return None
-    return tuple(int(v) for v in np.unravel_index(int(np.argmax(bad)), rec.case["out"]))
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -142,38 +128,9 @@ def _spec_for(target: dict, layer: str, namespace: dict):
     return getattr(sol, name)
 
 
-def _element(rec: access.Recording, element) -> tuple:
-    out = rec.case["out"]
-    if element is None:
-        return (0, 0, out[2] // 2, out[3] // 2) if len(out) == 4 else tuple(s // 2 for s in out)
-    return tuple(int(v) for v in element)
-
-
-def _out_array(launch: access.Launch) -> str | None:
-    return next((n for n in launch.names if launch.arrays[n]["role"] == "output"
-                 and launch.arrays[n]["kind"] == "global"), None)
-
-
-def _writer(rec, launch, element):
-    name = _out_array(launch)
-    if name is None:
-        return None
-    flat = int(np.ravel_multi_index(element, rec.case["out"]))
-    return launch.writer_of(name, flat)
-
-
-def _selection(rec, launch, element, block, thread, warp) -> tuple:
-    if block is not None or thread is not None or warp is not None:
-        return (block or 0, thread, warp)
-    who = _writer(rec, launch, _element(rec, element))
-    if who is None:
-        return (0, 0, None)
-    return (who[0], who[1], None)
-
-
 def _compare(rec, launch, ref, ref_launch, element, target, budget, most_epochs, title):
-    mine = _writer(rec, launch, element)
-    theirs = _writer(ref, ref_launch, element)
+    mine = access.writer(rec, launch, element)
+    theirs = access.writer(ref, ref_launch, element)
     where = "out[" + ", ".join(map(str, element)) + "]"
     note = (f"No thread of yours wrote {where}: drawn is your thread {draw._show_dims(mine[1]) if mine else '0'} of "
             f"block 0. " if mine is None else "")
@@ -189,13 +146,13 @@ def _title(rec, launch, target) -> str:
             f"{c['K']}×{c['K']}, pad {c['pad']}" + (f", pool {c['pool']}" if c.get("pool") else ""))
 
 
-def _failure_title(rec, wrong) -> str:
+def _failure_title(rec, wrong, what: str) -> str:
     where = "out[" + ", ".join(map(str, wrong)) + "]"
     got = "unwritten" if rec.output is None or not np.isfinite(
         rec.output[int(np.ravel_multi_index(wrong, rec.case["out"]))]) else "wrong"
     c = rec.case
-    return (f"{rec.name}: first {got} element {where} (input {c['N']}×{c['C']}×{c['H']}×{c['W']}, {c['M']} maps, "
-            f"pad {c['pad']}): the thread that wrote it, yours vs the spec")
+    return (f"{rec.name}, {what} on a small case (input {c['N']}×{c['C']}×{c['H']}×{c['W']}, {c['M']} maps, pad "
+            f"{c['pad']}): first {got} element {where}.\nThe thread that wrote it, yours above the spec's")
 
 
 def _note(rec) -> str:
