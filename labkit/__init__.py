@@ -19,6 +19,7 @@ from .ledger import Ledger  # noqa: E402
 from .notebook import hello  # noqa: E402
 from .nets import NETS, Layer, Net, get_net, layer_cost, net_cost  # noqa: E402
 from .profile import Profiler  # noqa: E402
+from .show import show  # noqa: E402 - lk.show(fn) and lk.show.failure(...): what each thread touches
 from .reference import accuracy, conv2d, fc, forward, maxpool2d, predict, relu, softmax, tanh  # noqa: E402
 from .report import RunReport, format_report, format_throughput  # noqa: E402
 from .stages import STAGES, Variant, from_stage, load_variants, variants  # noqa: E402
