@@ -1,9 +1,10 @@
-"""Process control for the children that run student code: private copies, checksums, limits, clean kills.
+"""Process control for the children that run student code: private copies, the sandbox's view, limits, clean ends.
 
-A child gets its own copy of labkit and of the solutions (``LABKIT_SOLUTIONS``), so nothing it writes reaches
-the grader or another job, and the copies are checksummed afterwards, so a write is seen. It runs in a session
-of its own under a wall-time limit and a memory limit; at the end every process it left behind is killed by
-pid, and nothing else on the machine.
+A child gets its own copy of labkit and of the solutions it may load (``LABKIT_SOLUTIONS``: the given code of
+EARLIER stages only), and runs in the run's sandbox (``labkit.grading.isolation``): read access to those copies, its
+submission and its inputs, write access to its scratch folder only, no network, a PID namespace of its own. It runs
+under a wall-time limit and a memory limit; at the end every process it left behind is ended (with its namespace,
+or, unsandboxed, by pid) before its results are judged final, and the copies are checksummed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import protocol
+from . import isolation, protocol
 
 PACKAGE = Path(__file__).resolve().parent.parent  # labkit/
 WORKER = "labkit.grading.worker"
@@ -45,15 +46,30 @@ def private_labkit(dest: Path) -> list[Path]:
     return copied
 
 
-def private_solutions(src: Path, dest: Path) -> list[Path]:
-    """Copy the solution notebooks into ``dest``: the reference the child times, and the given code of earlier
-    stages that stage notebooks load with ``lk.from_stage`` (the child's ``LABKIT_SOLUTIONS``)."""
+def private_solutions(src: Path, dest: Path, stage: str | None = None, reference: Path | None = None) -> list[Path]:
+    """Copy the solution notebooks a child may read into ``dest`` (the child's ``LABKIT_SOLUTIONS``): with ``stage``,
+    only those of EARLIER stages (the given code that stage notebooks load with ``lk.from_stage``), never the graded
+    stage's or a later one's; ``reference`` (a solution notebook) too, only while the child still times it."""
     dest.mkdir(parents=True)
     copied = []
     for f in sorted(src.glob("*.ipynb")):
-        shutil.copyfile(f, dest / f.name)
-        copied.append(dest / f.name)
+        if stage is None or f.name[:2] < stage or (reference is not None and f.name == Path(reference).name):
+            shutil.copyfile(f, dest / f.name)
+            copied.append(dest / f.name)
     return copied
+
+
+def job_view(job: dict, folder: Path, env: dict, memory_mb: int = 0) -> isolation.View:
+    """What a job's child may read in its sandbox: its private labkit, the notebook it runs (its submission's copy),
+    its inputs and the tuning file it is told of, and of the private solutions only earlier stages' (the graded
+    stage's too only where the child times the reference); it writes ``folder/work`` only."""
+    read = [folder / "lib", *(Path(job[k]) for k in ("notebook", "student_notebook", "inputs", "tuning") if job.get(k))]
+    stage = str(job["stage"])
+    ref = Path(job["reference_notebook"]) if job.get("timing") and job.get("reference_notebook") else None
+    read += [f for f in sorted((folder / "solutions").glob("*.ipynb")) if f.name[:2] < stage or f == ref]
+    scratch = folder / "work"
+    return isolation.View(tuple(dict.fromkeys(str(p) for p in read if p.exists())), str(scratch),
+                          isolation.child_env(env, str(scratch), str(folder / "lib")), memory_mb)
 
 
 class Guard:
@@ -189,22 +205,33 @@ OnFrame = Callable[[protocol.Kind, dict, bytes, Callable[[protocol.Answer], None
 
 
 def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: int, rss_guard: bool,
-              on_frame: OnFrame) -> ChildExit:
-    """Start the worker in ``folder/work`` with ``job`` on its stdin, hand every frame to ``on_frame`` (which
-    returns True once the results are complete, or wrong enough to stop reading), and end it: at the limit,
-    above the memory, when it exits, or once ``on_frame`` says so."""
+              on_frame: OnFrame, sandbox: isolation.Isolation | None = None) -> ChildExit:
+    """Start the worker in ``folder/work`` inside ``sandbox`` (None: the best this machine has, refused where there
+    is none) with ``job`` on its stdin, hand every frame to ``on_frame`` (which returns True once the results are
+    complete, or wrong enough to stop reading), and end it: at the limit, above the memory, when it exits, or once
+    ``on_frame`` says so. It returns only once every process of the job is gone."""
+    sandbox = sandbox if sandbox is not None else isolation.choose()
     result = ChildExit()
     rfd, wfd = os.pipe()
-    job = {**job, "fd": wfd}
+    inside_fd = sandbox.results_fd
+    job = {**job, "fd": wfd if inside_fd is None else inside_fd}
+    argv = [sys.executable, "-m", WORKER]
     out = open(folder / "stdout.txt", "wb")
     err = open(folder / "stderr.txt", "wb")
     try:
-        proc = subprocess.Popen([sys.executable, "-m", WORKER], stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                cwd=folder / "work", env=env, pass_fds=(wfd,), start_new_session=True)
+        if sandbox.mode == "none":
+            view = isolation.View((), str(folder / "work"), env, memory_mb)
+        else:
+            view = job_view(job, folder, env, memory_mb)
+        if inside_fd is None:  # the pipe is handed down
+            child = sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(wfd,))
+        else:  # the container's stdout carries the results
+            child = sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=wfd, stderr=err)
     finally:
         os.close(wfd)
         out.close()
         err.close()
+    proc = child.proc
 
     def send(line: str) -> None:
         try:
@@ -253,14 +280,17 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
                     break
     finally:
         os.close(rfd)
-        kill_tree(proc)
+        survivors = sandbox.stop(child)
         try:
             proc.stdin.close()
         except OSError:
             pass
-        result.returncode = proc.returncode
+        result.returncode = sandbox.exit_status(proc.returncode)
         try:
             result.stderr_tail = (folder / "stderr.txt").read_text(errors="replace")[-4000:]
         except OSError:
             pass
+    if survivors:
+        raise RuntimeError(f"{len(survivors)} processes of the job were still running {isolation.WAIT_GONE_S:g} s "
+                           f"after it was ended (pids {survivors[:5]})")
     return result

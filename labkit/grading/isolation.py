@@ -1,0 +1,429 @@
+"""The sandbox a job's child runs in: an existing tool, not a home-made one (docs/grading.md, "Isolation").
+
+Every mode gives the child the same view: read access to the kit (its private labkit copy, the Python
+environment, the system's libraries) and to the files its job names (its submission copy, its inputs, the given
+code of earlier stages), write access to one private scratch folder (its working directory, HOME and every cache),
+no network, and a process tree that ends with it (a PID namespace: nothing detaches). Paths are the same inside as
+outside, so the job's JSON is valid in both.
+
+- ``bwrap``: bubblewrap (Linux workstations, CI). User, PID, network, IPC, UTS and cgroup namespaces; every
+  capability dropped (run as root, bubblewrap would otherwise leave the child able to remount its read-only binds
+  writable); no nested user namespace where bubblewrap can refuse one; the root read-only; NVIDIA device nodes
+  bound where the host has them.
+- ``apptainer``: Slurm clusters. ``apptainer exec --containall --no-home --net --network none --nv`` with the
+  course's image (``LABKIT_SANDBOX_IMAGE``) and the same paths bound.
+- ``docker``: where a course grades in Docker: ``docker run --network none --read-only --cap-drop ALL`` with the
+  course's image, the same paths bound, the memory limit as the container's.
+- ``none``: only when the instructor says ``--unsandboxed``: a plain child process (``labkit.grading.sandbox``).
+
+In the container modes the results travel on the container's stdout (the student's prints go to its stderr), as
+no file descriptor crosses into a Docker container; bubblewrap and ``none`` hand the child the result pipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shlex
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from .rubric import GradeError
+
+MODES = ("bwrap", "apptainer", "docker")
+CHOICES = ("auto", *MODES)
+IMAGE_ENV = "LABKIT_SANDBOX_IMAGE"
+
+#: the system folders every child reads (the interpreter's shared libraries, the CUDA driver's)
+SYSTEM = ("/usr",)
+#: top-level folders that are symlinks into /usr on merged-/usr systems (copied as symlinks), else bound
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: the few files of /etc a Python process and the dynamic loader read (not /etc as a whole: it holds secrets)
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf",
+       "alternatives", "fonts", "os-release")
+#: environment variables a child keeps (a grader's tokens and keys stay out: the student's output is reported)
+ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED",
+            "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
+ENV_KEEP_PREFIXES = ("NUMBA_", "CUDA_", "CUPY_", "NVIDIA_", "LABKIT_", "OMP_", "MKL_", "OPENBLAS_", "LC_")
+WAIT_GONE_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """What one child may see: ``read`` (files or folders, read-only, at the same paths inside), ``scratch`` (the one
+    writable folder, its working directory), its environment, and its memory limit in MB (0: none; the container
+    modes enforce it, the others leave it to ``labkit.grading.sandbox``)."""
+
+    read: tuple[str, ...]
+    scratch: str
+    env: dict
+    memory_mb: int = 0
+
+
+@dataclasses.dataclass
+class Child:
+    """A started child: the process this one waits on, and what its mode needs to end it."""
+
+    proc: subprocess.Popen
+    init_pid: int | None = None  # the PID namespace's first process, as this machine numbers it (bwrap)
+    pid_ns: int | None = None  # that namespace's inode
+    name: str = ""  # the container's name (docker)
+
+
+# ------------------------------------------------------------------------------------------- what a child reads
+
+
+def _covered(path: str, others) -> bool:
+    return any(path != o and Path(path).is_relative_to(o) for o in others)
+
+
+def kit_paths() -> list[str]:
+    """The Python environment the grader runs in (prefixes, site-packages, the interpreter's real folder) and the
+    library folders its environment names, outermost only; never a folder that holds the kit's checkout (its
+    solutions/ are what a student must not read)."""
+    checkout = Path(__file__).resolve().parent.parent.parent
+    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+             str(Path(os.path.realpath(sys.executable)).parent), *site.getsitepackages()}
+    for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
+        found.update(p for p in os.environ.get(var, "").split(os.pathsep) if p)
+    paths = {os.path.realpath(p) for p in found} | {os.path.abspath(p) for p in found}
+    keep = sorted(p for p in paths if os.path.exists(p) and not checkout.is_relative_to(p))
+    return [p for p in keep if not _covered(p, keep) and not _covered(p, SYSTEM)]
+
+
+def child_env(env: dict, scratch: str, lib: str | None) -> dict:
+    """The child's environment inside a sandbox: the grader's, less anything secret, with HOME, TMPDIR and every
+    cache in the scratch folder and labkit imported from ``lib`` (the job's private copy) only."""
+    out = {k: v for k, v in env.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
+    s = Path(scratch)
+    out.update(HOME=str(s), TMPDIR=str(s / "tmp"), XDG_CACHE_HOME=str(s / ".cache"), MPLCONFIGDIR=str(s / ".mpl"),
+               CUPY_CACHE_DIR=str(s / ".cupy"), PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
+    if not Path(out.get("NUMBA_CACHE_DIR", "/")).is_relative_to(s):
+        out["NUMBA_CACHE_DIR"] = str(s / "numba-cache")
+    out.pop("PYTHONPATH", None)
+    if lib:
+        out["PYTHONPATH"] = lib
+    (s / "tmp").mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def nvidia_devices() -> list[str]:
+    """The NVIDIA device nodes of this machine (``/dev/nvidia*``, ``/dev/nvidia-caps``): bound where present."""
+    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+
+
+# ------------------------------------------------------------------------------------------------- processes
+
+
+def _pid_ns(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def ns_members(ns: int) -> list[int]:
+    """Every process of this machine in the PID namespace ``ns`` (empty once the namespace is gone)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _pid_ns(int(entry)) == ns:
+            out.append(int(entry))
+    return out
+
+
+def wait_gone(namespaces, timeout: float = WAIT_GONE_S) -> list[int]:
+    """Wait until no process of these PID namespaces is left; those still there at the timeout."""
+    namespaces = {n for n in namespaces if n}
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [pid for ns in namespaces for pid in ns_members(ns)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def foreign_namespaces(pids) -> set[int]:
+    """The PID namespaces of ``pids`` other than this process's own (a container's)."""
+    own = _pid_ns(os.getpid())
+    return {ns for ns in map(_pid_ns, pids) if ns and ns != own}
+
+
+# ---------------------------------------------------------------------------------------------------- modes
+
+
+class Isolation:
+    """No sandbox (``--unsandboxed``): the child is a plain process; ``labkit.grading.sandbox`` ends it by pid."""
+
+    mode = "none"
+    #: where the child writes its results inside: None = the inherited pipe, an int = that descriptor, which the
+    #: container's stdout carries
+    results_fd: int | None = None
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "tool": "", "guarantees": "none: the child runs as the grader's user, with the "
+                "grader's file system and network (the instructor said --unsandboxed)"}
+
+    def command(self, argv: list[str], view: View, **_) -> list[str]:
+        return list(argv)
+
+    def spawn(self, argv: list[str], view: View, **popen) -> Child:
+        return Child(subprocess.Popen(argv, cwd=view.scratch, env=view.env, start_new_session=True, **popen))
+
+    def stop(self, child: Child) -> list[int]:
+        """End the child and everything it started; the pids still alive after (none expected)."""
+        from .sandbox import kill_tree
+
+        kill_tree(child.proc)
+        return []
+
+    def exit_status(self, code: int | None) -> int | None:
+        """The worker's exit status as ``subprocess`` gives it (-N: killed by signal N)."""
+        return code
+
+
+
+class Sandboxed(Isolation):
+    """A tool between this process and the worker, which reports a worker killed by signal N as 128 + N."""
+
+    def exit_status(self, code: int | None) -> int | None:
+        return -(code - 128) if code is not None and 128 < code < 128 + 65 else code
+
+
+class Bwrap(Sandboxed):
+    mode = "bwrap"
+
+    def __init__(self, exe: str, version: str, disable_userns: bool):
+        self.exe, self.version, self.disable_userns = exe, version, disable_userns
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "tool": self.version, "guarantees": (
+            "reads only the kit, its submission, its inputs and earlier stages' given code; writes only its scratch "
+            "folder; no network; all capabilities dropped; its PID namespace ends with it")}
+
+    def command(self, argv: list[str], view: View, info_fd: int | None = None) -> list[str]:
+        cmd = [self.exe, "--unshare-all", "--unshare-user", *(["--disable-userns"] if self.disable_userns else []),
+               "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+        if info_fd is not None:
+            cmd += ["--info-fd", str(info_fd)]
+        for path in SYSTEM:
+            cmd += ["--ro-bind", path, path]
+        for path in SYSTEM_LINKS:
+            if os.path.islink(path):
+                cmd += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                cmd += ["--ro-bind", path, path]
+        for name in ETC:
+            cmd += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        for path in [*kit_paths(), *view.read]:
+            cmd += ["--ro-bind", path, path]
+        cmd += ["--bind", view.scratch, view.scratch, "--dev", "/dev"]
+        gpus = nvidia_devices()
+        for dev in gpus:  # the GPU reachable inside: its device nodes, and /sys for the driver's queries
+            cmd += ["--dev-bind", dev, dev]
+        cmd += ["--proc", "/proc"]
+        if gpus:
+            cmd += ["--ro-bind", "/sys", "/sys"]
+        return [*cmd, "--remount-ro", "/", "--chdir", view.scratch, "--", *argv]
+
+    def spawn(self, argv: list[str], view: View, pass_fds=(), **popen) -> Child:
+        rfd, wfd = os.pipe()
+        try:
+            proc = subprocess.Popen(self.command(argv, view, info_fd=wfd), env=view.env, start_new_session=True,
+                                    pass_fds=(*pass_fds, wfd), **popen)
+        finally:
+            os.close(wfd)
+        data = b""
+        try:  # bwrap writes where its namespace's first process is, then closes the descriptor (or exits)
+            while chunk := os.read(rfd, 4096):
+                data += chunk
+        finally:
+            os.close(rfd)
+        try:
+            info = json.loads(data.decode() or "{}")
+        except ValueError:
+            info = {}
+        return Child(proc, info.get("child-pid"), info.get("pid-namespace"))
+
+    def stop(self, child: Child) -> list[int]:
+        """SIGKILL the namespace's first process: the kernel kills every other process of the namespace, and bwrap
+        exits once they are all gone; then check that none is left."""
+        from .sandbox import kill_tree
+
+        if child.init_pid and child.proc.poll() is None:
+            try:
+                os.kill(child.init_pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        kill_tree(child.proc)
+        return wait_gone([child.pid_ns])
+
+
+class Container(Sandboxed):
+    """A course's container image: the child reads the image and the bound paths, writes its scratch folder."""
+
+    results_fd = 3
+    #: inside the container: descriptor 3 carries the results on stdout, the student's prints go to stderr
+    WRAP = ["sh", "-c", 'exec 3>&1 1>&2; exec "$@"', "sh"]
+    PYTHON = "python3"
+
+    def __init__(self, exe: str, image: str, version: str = ""):
+        self.exe, self.image, self.version = exe, image, version
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "tool": self.version, "image": self.image, "guarantees": (
+            "reads only the image and the bound kit, submission, inputs and earlier stages' given code; writes only "
+            "its scratch folder; no network; its PID namespace ends with it (not run by the kit's own tests)")}
+
+    def inner(self, argv: list[str]) -> list[str]:
+        """The worker's command inside the image: the image's Python, the results on stdout."""
+        return [*self.WRAP, self.PYTHON, *argv[1:]]
+
+
+class Apptainer(Container):
+    mode = "apptainer"
+
+    def command(self, argv: list[str], view: View, **_) -> list[str]:
+        cmd = [self.exe, "exec", "--containall", "--no-home", "--net", "--network", "none", "--pwd", view.scratch]
+        if nvidia_devices():
+            cmd.append("--nv")
+        for path in view.read:
+            cmd += ["-B", f"{path}:{path}:ro"]
+        cmd += ["-B", f"{view.scratch}:{view.scratch}"]
+        return [*cmd, self.image, *self.inner(argv)]
+
+    def spawn(self, argv: list[str], view: View, **popen) -> Child:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),  # --containall cleans the rest
+               **{f"APPTAINERENV_{k}": v for k, v in view.env.items() if k != "PATH"}}
+        return Child(subprocess.Popen(self.command(argv, view), env=env, cwd=view.scratch, start_new_session=True,
+                                      **popen))
+
+    def stop(self, child: Child) -> list[int]:
+        from .sandbox import descendants, kill_tree
+
+        namespaces = foreign_namespaces(descendants(child.proc.pid))
+        kill_tree(child.proc)  # the container's first process among them: its namespace goes with it
+        return wait_gone(namespaces)
+
+
+class Docker(Container):
+    mode = "docker"
+
+    def command(self, argv: list[str], view: View, name: str = "labkit-job", **_) -> list[str]:
+        cmd = [self.exe, "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only", "--cap-drop", "ALL",
+               "--security-opt", "no-new-privileges", "--pids-limit", "4096", "--user", f"{os.getuid()}:{os.getgid()}",
+               "-w", view.scratch]
+        if view.memory_mb > 0:
+            cmd += ["--memory", f"{view.memory_mb}m", "--memory-swap", f"{view.memory_mb}m"]
+        env = dict(view.env)
+        visible = env.pop("CUDA_VISIBLE_DEVICES", None)  # inside, the GPU it is given is GPU 0
+        if visible is not None and visible.strip():
+            cmd += ["--gpus", f"device={visible}"]
+        elif nvidia_devices():
+            cmd += ["--gpus", "all"]
+        for path in view.read:
+            cmd += ["-v", f"{path}:{path}:ro"]
+        cmd += ["-v", f"{view.scratch}:{view.scratch}"]
+        for k, v in sorted(env.items()):
+            cmd += ["-e", f"{k}={v}"]
+        return [*cmd, self.image, *self.inner(argv)]
+
+    def spawn(self, argv: list[str], view: View, **popen) -> Child:
+        name = f"labkit-job-{uuid.uuid4().hex[:12]}"
+        return Child(subprocess.Popen(self.command(argv, view, name=name), cwd=view.scratch, start_new_session=True,
+                                      **popen), name=name)
+
+    def stop(self, child: Child) -> list[int]:
+        """The engine runs the container, not this process: ``docker rm -f`` ends it (and returns once it is gone)."""
+        from .sandbox import kill_tree
+
+        try:
+            subprocess.run([self.exe, "rm", "-f", child.name], capture_output=True, timeout=WAIT_GONE_S)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        kill_tree(child.proc)
+        return []
+
+
+# ------------------------------------------------------------------------------------------------ choosing
+
+
+@functools.lru_cache(maxsize=None)
+def bwrap_usable() -> tuple[Bwrap | None, str]:
+    """A working bubblewrap, or why there is none (not installed, or it cannot make its namespaces here)."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return None, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        version = "bwrap"
+    why = ""
+    for disable in (True, False):  # --disable-userns needs bubblewrap 0.8
+        trial = [exe, "--unshare-all", "--unshare-user", *(["--disable-userns"] if disable else []), "--cap-drop",
+                 "ALL", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--", "true"]
+        try:
+            proc = subprocess.run(trial, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"bubblewrap ({exe}) did not run: {exc}"
+        if proc.returncode == 0:
+            return Bwrap(exe, version or "bwrap", disable), ""
+        why = " ".join(proc.stderr.split())[:200]
+    return None, (f"bubblewrap ({exe}) cannot make its namespaces here ({why}): allow unprivileged user namespaces "
+                  f"(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu an AppArmor profile for bwrap)")
+
+
+def _container(mode: str, image: str | None) -> tuple[Isolation | None, str]:
+    cls, tool = (Apptainer, "apptainer") if mode == "apptainer" else (Docker, "docker")
+    exe = shutil.which(tool) or (shutil.which("singularity") if tool == "apptainer" else None)
+    if exe is None:
+        return None, f"{tool} is not installed"
+    if not image:
+        return None, (f"{tool} needs the course's image with the kit's Python environment: set {IMAGE_ENV} "
+                      f"(e.g. {IMAGE_ENV}=labkit.sif)")
+    return cls(exe, image, tool), ""
+
+
+def choose(request: str = "auto", unsandboxed: bool = False, image: str | None = None) -> Isolation:
+    """The isolation a grading run uses: ``request`` (auto: bubblewrap where it works, else apptainer or docker where
+    installed with an image in LABKIT_SANDBOX_IMAGE), or no sandbox with ``unsandboxed``. Raises GradeError, in one
+    line, where none can be had."""
+    request = (request or "auto").lower()
+    if request not in CHOICES:
+        raise GradeError(f"--sandbox takes {', '.join(CHOICES)}, not {request!r}")
+    if unsandboxed:
+        if request != "auto":
+            raise GradeError(f"--sandbox {request} and --unsandboxed contradict each other: give one")
+        return Isolation()
+    image = image if image is not None else os.environ.get(IMAGE_ENV)
+    if request == "bwrap":
+        found, why = bwrap_usable()
+    elif request in ("apptainer", "docker"):
+        found, why = _container(request, image)
+    else:
+        found, why = bwrap_usable()
+        if found is None and image:
+            found = next((f for f, _ in (_container(m, image) for m in ("apptainer", "docker")) if f), None)
+    if found is None:
+        raise GradeError(f"no sandbox for student code here: {why}; or --sandbox apptainer|docker with {IMAGE_ENV}; "
+                         f"or grade without one with --unsandboxed (only code you trust)")
+    return found
+
+
+def by_mode(described: dict | None) -> Isolation:
+    """The isolation a report's ``meta.sandbox`` (``describe()``) names, chosen again here (a cluster worker)."""
+    d = described or {}
+    if d.get("mode") == "none":
+        return Isolation()
+    return choose(d.get("mode") or "auto", image=d.get("image"))
+
+
+def shell_line(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)

@@ -1,0 +1,309 @@
+"""Student code that reaches outside its job (tests/escape_submissions.py), graded by ``labkit grade`` under
+bubblewrap on the simulator: every attack is stopped. And the sandbox's parts: what a child can see and write, a
+detached grandchild ended with its sandbox, the limits inside it, the container modes' command lines, the refusal
+to grade without a sandbox unless the instructor says --unsandboxed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from labkit import device
+from labkit.cli import main
+from labkit.grading import isolation, sandbox
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import escape_submissions as es  # noqa: E402
+
+BWRAP, WHY = isolation.bwrap_usable()
+needs_bwrap = pytest.mark.skipif(BWRAP is None, reason=f"no bubblewrap sandbox here: {WHY}")
+
+
+def _view(tmp_path: Path, read=()) -> isolation.View:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    env = isolation.child_env(dict(os.environ), str(scratch), None)
+    return isolation.View(tuple(str(p) for p in read), str(scratch), env)
+
+
+def _run(iso, argv, view, timeout=120) -> subprocess.CompletedProcess:
+    child = iso.spawn(argv, view, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = child.proc.communicate(timeout=timeout)
+    assert iso.stop(child) == []
+    return subprocess.CompletedProcess(argv, iso.exit_status(child.proc.returncode), out, err)
+
+
+# --------------------------------------------------------------------------------- the attacks, graded
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if BWRAP is None:
+        pytest.skip(f"no bubblewrap sandbox here: {WHY}")
+    if not device.is_simulated():
+        pytest.skip("the class is graded on the CUDA simulator")
+    setup = es.write(tmp_path_factory.mktemp("escape"))
+    before = es.snapshot(setup)
+    report = es.grade(setup, sandbox="bwrap")
+    return es.observe(setup, report, before)
+
+
+def test_the_class_is_graded_in_bubblewrap(graded):
+    assert graded["sandbox"] == "bwrap"
+    assert set(graded["rows"]) == {*es.ATTACKS, *es.VICTIMS}
+
+
+def test_another_students_notebook_cannot_be_edited(graded):
+    r, victim = graded["rows"]["a1_edit_student"], graded["rows"]["z1_victim"]
+    assert "could not rewrite z1_victim's notebook (FileNotFoundError)" in r["message"], r["message"]
+    assert not graded["victim_file_changed"]
+    # graded after the attack, the victim is its own untouched TODO copy: its first check fails, nothing else
+    assert victim["status"] == "fail" and "not implemented" in victim["message"], victim["message"]
+    assert es.EDITED not in victim["message"]
+
+
+def test_the_solutions_folder_cannot_be_edited(graded):
+    r, later = graded["rows"]["a2_edit_solutions"], graded["rows"]["z2_later"]
+    assert "could not rewrite the --solutions folder's stage-03 solution (FileNotFoundError)" in r["message"], \
+        r["message"]
+    assert not graded["solutions_changed"]
+    assert later["status"] == "fail" and "not implemented" in later["message"], later["message"]
+    assert es.EDITED not in later["message"]
+
+
+def test_a_detached_process_ends_with_its_job_and_the_grades_stay(graded):
+    r = graded["rows"]["a3_detached"]
+    assert r["status"] == "error" and "left a detached process" in r["message"], r["message"]
+    assert graded["alive_at_exit"] == []
+    assert not graded["grades_changed_after_exit"]
+    assert graded["detached_row_after"][0] == "error" and graded["detached_row_after"][2] == "error"
+
+
+def test_the_graded_stages_solution_cannot_be_read(graded):
+    r = graded["rows"]["a4_read_solution"]
+    assert r["status"] == "error" and r["score"] == 0, r["message"]
+    msg = r["message"]
+    assert "could not read the stage-04 solution" in msg, msg
+    for where in ("repo: FileNotFoundError", "--solutions: FileNotFoundError", "LABKIT_SOLUTIONS: FileNotFoundError",
+                  "package: FileNotFoundError"):
+        assert where in msg, msg
+    assert ": read" not in msg
+
+
+# ------------------------------------------------------------------------------------ the sandbox's parts
+
+
+PROBE = """
+import json, os, socket, subprocess, sys
+seen = {}
+for name, path in json.loads(sys.argv[1]).items():
+    try:
+        open(path, "rb").read(1)
+        seen[name] = "read"
+    except OSError as e:
+        seen[name] = type(e).__name__
+for name, path in json.loads(sys.argv[2]).items():
+    try:
+        with open(path, "w") as fh:
+            fh.write("x")
+        seen[name] = "wrote"
+    except OSError as e:
+        seen[name] = type(e).__name__
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2)
+    seen["net"] = "connected"
+except OSError as e:
+    seen["net"] = type(e).__name__
+seen["remount"] = subprocess.run(["mount", "-o", "remount,bind,rw", sys.argv[3]], capture_output=True).returncode
+seen["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print(json.dumps(seen))
+"""
+
+
+@needs_bwrap
+def test_a_child_reads_only_its_view_and_writes_only_its_scratch(tmp_path):
+    import json
+
+    allowed = tmp_path / "allowed.txt"
+    allowed.write_text("ok")
+    (tmp_path / "hidden.txt").write_text("secret")
+    view = _view(tmp_path, [allowed])
+    reads = {"allowed": str(allowed), "hidden": str(tmp_path / "hidden.txt"),
+             "solution": str(REPO / "solutions" / es.NB), "kit source": str(REPO / "labkit" / "check.py"),
+             "shadow": "/etc/shadow", "home": os.path.expanduser("~/.bashrc")}
+    writes = {"scratch": f"{view.scratch}/out.txt", "allowed (read-only)": str(allowed), "tmp": "/tmp/escape.txt",
+              "venv": f"{sys.prefix}/escape.txt", "root": "/escape.txt"}
+    got = _run(BWRAP, [sys.executable, "-c", PROBE, json.dumps(reads), json.dumps(writes), str(allowed)], view)
+    assert got.returncode == 0, got.stderr
+    seen = json.loads(got.stdout)
+    assert seen["allowed"] == "read" and seen["scratch"] == "wrote"
+    for name in ("hidden", "solution", "kit source", "shadow", "home"):
+        assert seen[name] == "FileNotFoundError", (name, seen)
+    for name in ("allowed (read-only)", "tmp", "venv", "root"):
+        assert seen[name] == "OSError", (name, seen)  # EROFS: a read-only file system
+    assert seen["net"] in ("OSError", "ConnectionRefusedError") and seen["net"] != "connected", seen
+    assert seen["remount"] != 0  # no capability left to make a read-only bind writable again
+    assert max(seen["pids"]) < 10  # a PID namespace of its own: none of this machine's processes
+    assert allowed.read_text() == "ok" and not Path("/tmp/escape.txt").exists()
+
+
+DETACH = """
+import os, sys, time
+if os.fork() == 0:          # the child forks a grandchild in a session of its own, then leaves it orphaned
+    if os.fork() == 0:
+        os.setsid()
+        time.sleep(float(sys.argv[2]))
+        open(sys.argv[1], "w").write("outlived its job")
+        os._exit(0)
+    os._exit(0)
+time.sleep(600)             # the job itself: still running when it is ended
+"""
+
+
+def _detach_and_stop(iso, tmp_path: Path, view) -> tuple[Path, str]:
+    late, token = Path(view.scratch) / "late.txt", f"labkit-detach-{uuid.uuid4().hex[:10]}"
+    child = iso.spawn([sys.executable, "-c", DETACH, str(late), "2", token], view)
+    time.sleep(1.0)  # the grandchild is detached by now
+    assert iso.stop(child) == []
+    return late, token
+
+
+@needs_bwrap
+def test_ending_the_sandbox_ends_a_detached_grandchild(tmp_path):
+    late, token = _detach_and_stop(BWRAP, tmp_path, _view(tmp_path))
+    assert es.processes_with(token) == []  # gone when stop() returns, not later
+    time.sleep(2.5)
+    assert not late.exists()
+
+
+def test_unsandboxed_a_detached_grandchild_outlives_its_job(tmp_path):
+    """Why the sandbox is needed: ended by pid, the same grandchild survives and writes (the test above could fail)."""
+    view = _view(tmp_path)
+    late, token = _detach_and_stop(isolation.Isolation(), tmp_path, view)
+    try:
+        assert es.processes_with(token) != []
+        deadline = time.monotonic() + 10
+        while not late.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert late.read_text() == "outlived its job"
+    finally:
+        for pid in es.processes_with(token):
+            os.kill(pid, 9)
+
+
+MEMORY = """
+import resource, sys, time
+mb = int(sys.argv[1])
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+resource.setrlimit(resource.RLIMIT_AS, (mb << 20, hard))          # the worker's own guard (rlimit)
+try:
+    bytearray(2 * mb << 20)
+    print("allocated")
+except MemoryError:
+    print("MemoryError")
+resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+block = bytearray(int(sys.argv[2]) << 20)                        # what the parent's RSS watchdog must see
+for i in range(0, len(block), 4096):
+    block[i] = 1
+print("resident", flush=True)
+time.sleep(60)
+"""
+
+
+@needs_bwrap
+def test_both_memory_guards_work_inside_the_sandbox(tmp_path):
+    child = BWRAP.spawn([sys.executable, "-c", MEMORY, "1024", "300"], _view(tmp_path), stdout=subprocess.PIPE,
+                        text=True)
+    try:
+        assert child.proc.stdout.readline().strip() == "MemoryError"
+        assert child.proc.stdout.readline().strip() == "resident"
+        # the watchdog sums this machine's view of the sandbox's processes, as run_child does
+        assert sandbox.rss_mb([child.proc.pid, *sandbox.descendants(child.proc.pid)]) > 250
+    finally:
+        assert BWRAP.stop(child) == []
+    assert BWRAP.exit_status(child.proc.returncode) == -9
+
+
+@needs_bwrap
+def test_the_bwrap_command_line():
+    view = isolation.View(("/job/lib", "/job/student/04.ipynb"), "/job/work", {})
+    cmd = BWRAP.command(["python", "-m", "labkit.grading.worker"], view, info_fd=7)
+    line = isolation.shell_line(cmd)
+    for part in ("--unshare-all --unshare-user", "--cap-drop ALL", "--die-with-parent", "--new-session",
+                 "--info-fd 7", "--ro-bind /job/lib /job/lib", "--bind /job/work /job/work", "--dev /dev",
+                 "--proc /proc", "--remount-ro / --chdir /job/work -- python -m labkit.grading.worker"):
+        assert part in line, part
+    assert "--bind / " not in line and "--ro-bind / /" not in line and "/etc/shadow" not in line
+    assert str(REPO) + " " not in line and str(REPO / "solutions") not in line
+
+
+def test_container_command_lines(monkeypatch):
+    monkeypatch.setattr(isolation, "nvidia_devices", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])
+    view = isolation.View(("/job/lib", "/job/inputs.npz"), "/job/work",
+                          {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "2", "HOME": "/job/work"}, memory_mb=4096)
+    argv = [sys.executable, "-m", "labkit.grading.worker"]
+    app = isolation.shell_line(isolation.Apptainer("apptainer", "labkit.sif").command(argv, view))
+    assert app.startswith("apptainer exec --containall --no-home --net --network none --pwd /job/work --nv ")
+    assert "-B /job/lib:/job/lib:ro -B /job/inputs.npz:/job/inputs.npz:ro -B /job/work:/job/work labkit.sif" in app
+    assert app.endswith("labkit.sif sh -c 'exec 3>&1 1>&2; exec \"$@\"' sh python3 -m labkit.grading.worker")
+    dock = isolation.shell_line(isolation.Docker("docker", "course/labkit:1").command(argv, view, name="job-1"))
+    for part in ("docker run --rm -i --name job-1 --network none --read-only --cap-drop ALL",
+                 "--security-opt no-new-privileges", "--memory 4096m --memory-swap 4096m", "--gpus device=2",
+                 "-v /job/lib:/job/lib:ro", "-v /job/work:/job/work -e HOME=/job/work -e PATH=/usr/bin",
+                 "course/labkit:1 sh -c"):
+        assert part in dock, part
+    assert "CUDA_VISIBLE_DEVICES" not in dock  # inside, its one GPU is GPU 0
+    assert isolation.Docker.results_fd == isolation.Apptainer.results_fd == 3 and isolation.Bwrap.results_fd is None
+
+
+def test_a_childs_environment_keeps_no_secrets(tmp_path):
+    env = isolation.child_env({"PATH": "/usr/bin", "GITHUB_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "k",
+                               "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO), "HOME": "/root"},
+                              str(tmp_path), "/job/lib")
+    assert "GITHUB_TOKEN" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["NUMBA_ENABLE_CUDASIM"] == "1" and env["PYTHONPATH"] == "/job/lib"
+    for var in ("HOME", "TMPDIR", "NUMBA_CACHE_DIR", "CUPY_CACHE_DIR", "MPLCONFIGDIR", "XDG_CACHE_HOME"):
+        assert Path(env[var]).is_relative_to(tmp_path), var
+    assert not any(str(REPO) in p for p in isolation.kit_paths() if Path(REPO).is_relative_to(p))
+
+
+def test_the_private_solutions_hold_earlier_stages_only(tmp_path):
+    names = {p.name[:2] for p in sandbox.private_solutions(REPO / "solutions", tmp_path / "a", "04")}
+    assert names == {"00", "01", "02", "03"}
+    timed = {p.name[:2] for p in sandbox.private_solutions(REPO / "solutions", tmp_path / "b", "04",
+                                                           REPO / "solutions" / es.NB)}
+    assert timed == {"00", "01", "02", "03", "04"}  # the reference, only while the child times it
+
+
+def test_grading_without_a_sandbox_is_refused_unless_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
+    isolation.bwrap_usable.cache_clear()
+    try:
+        nb = tmp_path / "ann" / "notebooks" / es.NB
+        nb.parent.mkdir(parents=True)
+        nb.write_bytes((REPO / "notebooks" / es.NB).read_bytes())
+        result = CliRunner().invoke(main, ["grade", str(tmp_path), "--stages", "04", "--out", str(tmp_path / "o"),
+                                           "--no-progress"])
+        assert result.exit_code != 0 and not (tmp_path / "o").exists()
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1, result.output
+        for words in ("no sandbox for student code here", "bubblewrap is not installed", "apt-get install bubblewrap",
+                      "--unsandboxed"):
+            assert words in lines[0], lines[0]
+        forced = CliRunner().invoke(main, ["grade", str(tmp_path), "--sandbox", "docker", "--out", str(tmp_path / "o")])
+        assert forced.exit_code != 0 and "docker is not installed" in forced.output
+        both = CliRunner().invoke(main, ["grade", str(tmp_path), "--sandbox", "bwrap", "--unsandboxed"])
+        assert both.exit_code != 0 and "contradict" in both.output
+        assert isolation.choose(unsandboxed=True).mode == "none"
+    finally:
+        isolation.bwrap_usable.cache_clear()
