@@ -234,8 +234,13 @@ def _image_counts(images: str | None) -> tuple[int, ...] | None:
 @click.option("--force", is_flag=True, help="Write into an --out that already holds files, replacing its report.")
 @click.option("--seed", type=int, default=None, help="Seed of the random test inputs (default: fresh; recorded).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, cluster, merge, force, seed,
-          no_progress):
+@click.option("--sandbox", type=click.Choice(["auto", "bwrap", "apptainer", "docker"]), default="auto",
+              show_default=True, help="Where student code runs: bubblewrap, Apptainer or Docker (the last two take the "
+                                      "course's image in LABKIT_SANDBOX_IMAGE); auto: bubblewrap where it works.")
+@click.option("--unsandboxed", is_flag=True,
+              help="Run student code without a sandbox (as your user, seeing your files): only code you trust.")
+def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, cluster, merge, force, seed, no_progress,
+          sandbox, unsandboxed):
     """Grade student notebooks: correctness, accuracy and op time per stage, into CSV, JSON and Gradescope reports.
 
     SUBMISSIONS is a folder with one sub-folder per student (each holding notebooks/ or the .ipynb files),
@@ -257,7 +262,8 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
     try:
         report = grading.grade(submissions, _csv_list(stages), rubric, solutions, out, jobs, seed,
                                progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]),
-                               students=_csv_list(students), gpus=gpus, cluster=cluster, merge=merge)
+                               students=_csv_list(students), gpus=gpus, cluster=cluster, merge=merge,
+                               sandbox=sandbox, unsandboxed=unsandboxed)
     except grading.GradeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(grading.summary_table(report))

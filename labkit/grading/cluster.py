@@ -88,13 +88,14 @@ def _context(spec: dict):
     with _lock:
         if key not in _contexts:
             from .. import device
+            from .isolation import by_mode  # the run's sandbox, on this worker's machine too
             from .run import Context, simulator_if_no_driver
             from .rubric import load_rubric
 
             simulator_if_no_driver()
             info = device.info()
             _contexts[key] = Context(list(spec["stages"]), load_rubric(spec["rubric"]), Path(spec["solutions"]),
-                                     info.kind == "gpu", info.simulated)
+                                     info.kind == "gpu", info.simulated, by_mode(spec.get("sandbox")))
         return _contexts[key]
 
 

@@ -41,6 +41,7 @@ class Job:
         self._outputs: dict = {}  # (variant, net, layer, batch) -> fingerprints of the outputs seen
         self._hinted = False
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
+        self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
 
     # ---- inputs
     def build(self, folder: Path) -> P.JobSpec:
@@ -346,7 +347,7 @@ class Job:
                                      "LABKIT_SOLUTIONS": str(solutions), **self.env_extra}, lib=self.lib)
             limits = self.plan.rubric["limits"]
             end = sandbox.run_child(job.to_json(), folder, env, self.plan.time_limit, limits["memory_mb"],
-                                    job.memory_guard == "rss", self.handle)
+                                    job.memory_guard == "rss", self.handle, self.sandbox)
             o.timed_out, o.memory_exceeded, o.returncode, o.stderr_tail = \
                 end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail
             o.protocol_error = o.protocol_error or end.protocol_error

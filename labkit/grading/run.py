@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import device
 from ..stages import STAGES, label, solutions_folder
-from . import environment, scoring
+from . import environment, isolation, scoring
 from .job import Job
 from .plan import References, StagePlan, plan_stage
 from .reports import merge_reports, write_reports
@@ -141,7 +141,8 @@ class GpuSlots:
 class Context:
     """The plans and the reference data of one run, made once per process (the parent, or a cluster worker)."""
 
-    def __init__(self, stages: list[str], rubric: Rubric, solutions: Path, gpu: bool, simulated: bool):
+    def __init__(self, stages: list[str], rubric: Rubric, solutions: Path, gpu: bool, simulated: bool,
+                 sandbox: isolation.Isolation | None = None):
         chosen = [STAGES[s] for s in stages]
         self.plans: dict[str, StagePlan] = {s.number: plan_stage(s, solutions, rubric, gpu, simulated)
                                             for s in chosen}
@@ -149,6 +150,7 @@ class Context:
         for plan in self.plans.values():  # the reference data every job shares, prepared before any child starts
             self.refs.prepare(plan)
         self.gpu = gpu
+        self.sandbox = sandbox  # every job's child runs in it (labkit.grading.isolation)
 
 
 def missing_row(student: str, plan: StagePlan, seed: int, where: str, searched: bool) -> dict:
@@ -173,6 +175,7 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
         return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
     job = Job(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
     job.env_extra = dict(env_extra or {})
+    job.sandbox = ctx.sandbox
     try:
         job.run()
         row = job.row()
@@ -234,7 +237,7 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
           solutions: str | Path | None = None, out: str | Path = "grades", jobs: int = 1, seed: int | None = None,
           progress: bool = True, command: str | None = None, students: list[str] | None = None,
           gpus: str | None = None, cluster: str | None = None, merge: bool | None = None,
-          gradescope: bool = True) -> dict:
+          gradescope: bool = True, sandbox: str = "auto", unsandboxed: bool = False) -> dict:
     """Grade every submission for every selected stage; write ``grades.csv``, ``grades.json`` and the Gradescope
     ``results.json`` files under ``out``.
 
@@ -277,8 +280,9 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         from .cluster import parse as parse_cluster
 
         parse_cluster(cluster)  # a typo is refused before anything runs
+    iso = isolation.choose(sandbox, unsandboxed)  # refused in one line where there is no sandbox
     numbers = [s.number for s in chosen]
-    ctx = Context(numbers, rub, solutions, gpu, simulated)
+    ctx = Context(numbers, rub, solutions, gpu, simulated, iso)
     plans = ctx.plans
     if dinfo.kind == "cpu":
         needs_gpu = [n for n, p in plans.items() if any(v.target == "gpu" for v in p.variants.values())]
@@ -302,7 +306,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     if cluster:
         from .cluster import run_on_cluster
 
-        spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions)}
+        spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
+                "sandbox": iso.describe()}
         rows, where = run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
                                      lambda task, why: grader_error_row(ctx, task, why))
     else:
@@ -316,7 +321,7 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         "command": command or " ".join(["labkit", *sys.argv[1:]]),
         "device": device.label(dinfo), "simulated": simulated, "gpu": gpu,
         "environment": environment.describe(dinfo),
-        "memory_guard": memory_guard_text(rub.base["limits"]["memory_mb"], gpu),
+        "memory_guard": memory_guard_text(rub.base["limits"]["memory_mb"], gpu), "sandbox": iso.describe(),
         "stages": numbers, "students": len(subs), "seed": run_seed, "graded_on": where,
         "rubric": rub.to_dict(), "weights": ctx.refs.weight_sources, "solutions": str(solutions),
         "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - started, 1),
