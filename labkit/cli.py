@@ -244,8 +244,8 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
     """Grade student notebooks: correctness, accuracy and op time per stage, into CSV, JSON and Gradescope reports.
 
     SUBMISSIONS is a folder with one sub-folder per student (each holding notebooks/ or the .ipynb files),
-    one student's folder, or a single notebook. Student code runs only in child processes, with time and memory
-    limits. Without a CUDA driver it runs on the CUDA simulator (unless NUMBA_ENABLE_CUDASIM=0).
+    one student's folder, or a single notebook. Student code runs only in sandboxed child processes (--sandbox),
+    with time and memory limits. Without a CUDA driver it runs on the CUDA simulator (unless NUMBA_ENABLE_CUDASIM=0).
     """
     from . import grading
 
