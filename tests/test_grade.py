@@ -41,6 +41,7 @@ TEST_RUBRIC = f"""
 [limits]
 time_s = {TIME_LIMIT}
 sim_time_s = {TIME_LIMIT}
+min_time_s = 30       # the limit follows from the reference solution's job (time_factor), at most TIME_LIMIT
 memory_mb = 6144
 
 [checks]
@@ -175,8 +176,11 @@ def loops_forever(cells):
 def patcher(cells):  # a wrong conv, every monkeypatch that could hide it or fake the clock, and a write to labkit
     halo_off_by_one(cells)
     cells[VARIANTS_CELL].source = (PATCHER + "\n" + cells[VARIANTS_CELL].source + PATCH_WHILE_RUNNING
-                                   + "\nwith open(labkit.check.__file__, 'a') as _fh:  # the job's private copy\n"
-                                     "    _fh.write('\\ncompare = lambda *a, **k: CheckResult(a[0], True, 0.0)\\n')\n")
+                                   + "\ntry:  # the job's private copy: read-only in a sandbox\n"
+                                     "    with open(labkit.check.__file__, 'a') as _fh:\n"
+                                     "        _fh.write('\\ncompare = lambda *a, **k: CheckResult(a[0], True, 0.0)\\n')\n"
+                                     "except OSError:\n"
+                                     "    pass\n")
 
 
 def fast_clock(cells):  # a right conv that tries to make itself look fast (patches at load time and while timed)
@@ -216,7 +220,7 @@ _first = {}
 def _timed():
     frame = _sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == "time_passes":
+        if frame.f_code.co_name in ("time_passes", "timed_passes"):
             return True
         frame = frame.f_back
     return False
@@ -317,8 +321,10 @@ def test_correct_submission_gets_full_marks(graded):
     spread = r["details"]["op_time_spread"]
     assert r["op_time_s"] == spread["student"]["min"] <= spread["student"]["median"] <= spread["student"]["max"]
     assert r["reference_op_time_s"] == spread["reference"]["min"] and spread["student"]["runs"] == 3
-    conv = [sum(run[c] for c in ("conv1", "conv2", "conv3")) for run in r["details"]["op_time_runs"]["student"]]
-    assert r["op_time_s"] == pytest.approx(min(conv))
+    # op time is the whole pass (every layer, and whatever the pass left running), each layer's time kept beside it
+    runs = r["details"]["op_time_runs"]["student"]
+    assert r["op_time_s"] == pytest.approx(min(run["pass"] for run in runs))
+    assert all(run["pass"] >= sum(run[c] for c in ("conv1", "conv2", "conv3", "fc")) for run in runs)
     assert r["details"]["timed_predictions"]["student_mismatches"] == [0, 0, 0]
     assert "all checks pass" in r["message"]
     checks = r["details"]["checks"]  # every layer of both nets at both batch sizes, and each whole forward pass
@@ -360,8 +366,10 @@ def test_patching_labkit_and_the_clock_is_reported_as_tampering(graded):
     changed = r["details"]["tampered"]["what"]
     assert {"time.perf_counter", "labkit.timing.Clock", "labkit.reference.conv2d", "the grade worker's _perf_counter"} \
         <= set(changed), changed
-    # its write to labkit/check.py hit the job's private copy only, and is reported
-    assert "check.py" in r["message"] and "on disk" in r["message"]
+    # its write to labkit/check.py: refused in a sandbox (tests/test_grade_isolation.py); unsandboxed it hits the
+    # job's private copy only, and is reported
+    if graded["report"]["meta"]["sandbox"]["mode"] == "none":
+        assert "check.py" in r["message"] and "on disk" in r["message"]
     assert "compare = lambda" not in (REPO / "labkit" / "check.py").read_text()
 
 
@@ -394,8 +402,11 @@ def test_timed_passes_must_predict_what_the_reference_does(graded):
 def test_infinite_loop_is_killed_at_the_time_limit(graded):
     r = graded["rows"]["loops"]
     assert r["status"] == "timeout" and r["score"] == 0
-    assert f"time limit ({TIME_LIMIT} s)" in r["message"] and "conv1" in r["message"], r["message"]
-    assert r["seconds"] < TIME_LIMIT + 15
+    # the limit follows from the stage's reference: 5 (time_factor) times its job's wall time, within [30, 60] s
+    limits = graded["report"]["meta"]["time_limits"]["01"]
+    assert limits["time_limit_s"] == round(min(TIME_LIMIT, max(30, 5 * limits["reference_job_s"]))), limits
+    assert f"time limit ({limits['time_limit_s']} s)" in r["message"] and "conv1" in r["message"], r["message"]
+    assert r["seconds"] < limits["time_limit_s"] + 30
 
 
 def test_syntax_error_crash_and_missing_stage(graded):

@@ -14,12 +14,14 @@ import nbformat
 import numpy as np
 import pytest
 
-from labkit import check, grading, reference
+from labkit import check, device, grading, reference
 from labkit.grading import hints, ownership, reports, run
 from labkit.grading.snapshot import Snapshot
 from labkit.stages import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wrong_submissions import TOKEN_SHARED  # noqa: E402  (a right conv with a token shared load)
 
 
 def _notebook(tmp_path: Path, stage: str, *cells: str) -> Path:
@@ -241,3 +243,123 @@ def test_compare_reports_sets_op_times_against_the_spread():
     assert out["differences"] == [] and out["op_times"][0]["within"]
     b["rows"][0]["status"] = "fail"
     assert grading.compare_reports(a, b)["differences"] == ["ada 01: status 'pass' != 'fail'"]
+
+
+# ------------------------------------------------------------------ issue 25: what the grader watches now
+
+
+def test_the_trace_sees_numpy_kept_in_a_container_built_before_the_call():
+    """Neither the scan nor a patched name sees a routine kept in a list made at load time: the profile hook does
+    (every Python function of a library entered, every C function of one called, while the conv runs)."""
+    code = ownership.Code("04", {n: s.notebook for n, s in STAGES.items()})
+    tracer = ownership.Tracer(code, ownership.Library(), [{}])
+    ops = [np.einsum, np.lib.stride_tricks.sliding_window_view, np.dot]
+    a = np.ones((3, 3))
+    assert tracer.call(lambda: ops[0]("ij->", a), ())["library"] == ["numpy.einsum"]
+    assert tracer.call(lambda: ops[1](a, (2, 2)), ())["library"] == ["numpy.lib.stride_tricks.sliding_window_view"]
+    assert tracer.call(lambda: ops[2](a, a), ())["library"] == ["numpy.dot"]
+    assert tracer.call(lambda: np.pad(a, 1).sum(), ())["library"] == []  # numpy's own calls inside np.pad: fine
+    with tracer.installed():  # installed once for a whole timed pass: calls inside record, the names stay patched
+        assert np.einsum is not ops[0]
+        assert tracer.call(lambda: ops[0]("ij->", a), ())["library"] == ["numpy.einsum"]
+    assert np.einsum is ops[0]
+
+
+def test_patching_a_kit_class_is_seen_and_put_back():
+    """The snapshot holds every class a labkit module defines: a class attribute patched (the tracer's call, the
+    technique counter's per_output) reaches every instance, and is reported, not only module attributes."""
+    from labkit import counts
+    from labkit.grading import worker
+
+    snap = Snapshot(worker._namespaces([]))
+    call, per_output = ownership.Tracer.call, counts.Counts.per_output
+    try:
+        ownership.Tracer.call = lambda self, fn, args: {"library": [], "launches": {"own": 1}}
+        counts.Counts.per_output = lambda self, kind: 1e9
+        counts.Counts.shortcut = 1
+        changes = snap.changes()
+        assert {"labkit.grading.ownership.Tracer.call", "labkit.counts.Counts.per_output",
+                "labkit.counts.Counts.shortcut (added)"} <= set(changes), changes
+        snap.restore()
+        assert ownership.Tracer.call is call and counts.Counts.per_output is per_output
+        assert not hasattr(counts.Counts, "shortcut") and snap.changes() == []
+    finally:
+        ownership.Tracer.call, counts.Counts.per_output = call, per_output
+
+
+def test_earlier_stages_given_code_is_not_the_graded_stages_work(tmp_path):
+    path = _notebook(tmp_path, "05", HEAD + 'conv = lk.from_stage("04").conv_padded\n',
+                     'VARIANTS = lk.variants("05", {"v": lk.Variant({**lk.kernels.GIVEN, "conv": conv}, '
+                     'arrays="device")})')
+    found = _scan(path, "05")
+    assert any("is computed by given code" in f and "not by code from your notebook" in f for f in found), found
+
+
+def test_nan_written_by_the_kernel_is_told_from_nan_never_written():
+    """A conv that read NaN (an unwritten pad border) wrote NaN: "unwritten" would send the student to the wrong
+    place. The child calls it again on a finite poison: NaN then were written, the poison left was never written."""
+    from labkit.grading import worker
+
+    _, case = _case("conv1", 1)
+
+    def reads_unwritten(x, w, b, out, pad, stride):  # right inside, NaN along the border (as from a NaN pad)
+        out[...] = reference.conv2d(x, w, b, pad, stride)
+        out[:, :, 0, :] = np.nan
+
+    def skips_last_row(x, w, b, out, pad, stride):
+        out[:, :, :-1, :] = reference.conv2d(x, w, b, pad, stride)[:, :, :-1, :]
+
+    size = case.expected.shape[1] * case.expected.shape[3]  # one row of every map
+    assert worker._nan_origin(reads_unwritten, case.layer, case.x, case.weights, "host") == (size, 0)
+    assert worker._nan_origin(skips_last_row, case.layer, case.x, case.weights, "host") == (0, size)
+    got = np.full_like(case.expected, np.nan)
+    got[:, :, 1:] = case.expected[:, :, 1:]
+    detail = check.compare("conv1", got, case.expected).detail
+    assert hints.UNWRITTEN in detail
+    told = hints.nan_origin(detail, size, 0)
+    assert hints.UNWRITTEN not in told and "written by your kernel" in told and "pad border" in told
+    assert hints.nan_origin(detail, 0, size) == detail
+    assert "were never written" in hints.nan_origin(detail, 3, 5)
+
+
+@pytest.mark.skipif(not device.is_simulated(), reason="the technique budget is counted on the CUDA simulator")
+def test_a_token_shared_load_earns_no_technique_points():
+    from labkit.grading import protocol, worker
+
+    ns = {}
+    exec(compile("import labkit as lk\nimport numpy as np\nVARIANTS = {}\n" + TOKEN_SHARED, "<token>", "exec"), ns)
+    conv = ns["conv_token"]
+    budget = protocol.TechniqueSpec("shared", "cifar10", "conv2", min_fraction=0.75)
+    token = worker._technique_budget(conv, budget, "device")
+    assert not token.passed and token.fraction < 0.05 and "the stage asks for at least 75 %" in token.line, token
+    assert worker._technique_budget(conv, protocol.TechniqueSpec("shared", "cifar10", "conv2"), "device").passed
+
+
+def test_the_child_reads_the_tuning_choices_the_grader_reads(tmp_path):
+    """Issue 25: a tuned variant graded something else than the student's kernels on a GPU. The child imports a
+    private copy of labkit outside the checkout, where labkit.tune finds no results/tuning.json, so the tuned
+    variant fell back to its default kernel. The job now names the grader's tuning file and the child reads it."""
+    import subprocess
+    import sys
+
+    from labkit import tune
+    from labkit.grading import job as grading_job
+    from labkit.grading import sandbox
+
+    if not tune.STORE.is_file():
+        pytest.skip("no results/tuning.json in this checkout")
+    sandbox.private_labkit(tmp_path / "lib")
+    (tmp_path / "work").mkdir()
+    copy = grading_job._tuning_copy(tmp_path)
+    probe = ("import json, sys; from labkit import tune; from labkit.grading import protocol, worker\n"
+             "before = tune.stored('cifar10', 50000)\n"
+             "worker._use_tuning(protocol.JobSpec(stage='09', notebook='', inputs='', variants={}, nets={}, "
+             "workloads={}, tuning=sys.argv[1]))\n"
+             "print(json.dumps([before, tune.stored('cifar10', 50000)]))")
+    env = sandbox.child_env(lib=tmp_path / "lib")
+    out = subprocess.run([sys.executable, "-c", probe, copy], cwd=tmp_path / "work", env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before is None  # where the bug came from: no choices in the private copy
+    assert after == tune.stored("cifar10", 50000) and after["choice"]["conv1"].startswith("09 tiles")

@@ -61,7 +61,9 @@ def graded(tmp_path_factory, cifar_data):
     # the shipped rubric, but op time on a few images: timing is the slow part and is not asserted here
     # (a [stage."NN"] timing table of the shipped rubric would still win; 01 asks for 200 images)
     fast = root / "fast_timing.toml"
-    fast.write_text("[timing]\nimages = 4\nrepeat = 1\n[stage.\"01\"]\ntiming = { images = 4 }\n")
+    # the time limit as given (time_factor = 0): no extra job per stage to scale it (tests/test_grade.py runs that)
+    fast.write_text("[limits]\ntime_factor = 0\n[timing]\nimages = 4\nrepeat = 1\n[stage.\"01\"]\n"
+                    "timing = { images = 4 }\n")
     report = grading.grade(root / "submissions", rubric=fast, out=root / "grades", progress=False, seed=7, jobs=2)
     return {"rows": {(r["student"], r["stage"]): r for r in report["rows"]}, "meta": report["meta"]}
 

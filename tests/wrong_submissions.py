@@ -1,12 +1,14 @@
-"""A class of wrong stage-04 submissions, each made from the kit's solution by editing its kernel cells, with what
-the self-check and the grader should say about each.
+"""A class of wrong submissions of stages 04-09, each made from the kit's solution by editing its kernel cells, with
+what the self-check and the grader should say about each (on the simulator; on a GPU where it differs).
 
-    python tests/wrong_submissions.py --write DIR      # the class: DIR/<kind>/notebooks/04_data_transfer_padding.ipynb
-    python tests/wrong_submissions.py --table          # grade it (simulator) and print the Markdown table of
-                                                       # docs/grading.md: kind, self-check line, grader status
+    python tests/wrong_submissions.py --write DIR      # the class: DIR/<kind>/notebooks/<the stage's notebook>
+    python tests/wrong_submissions.py --table          # grade it (this machine: simulator or GPU) and print the
+                                                       # Markdown table of docs/grading.md: kind, self-check line,
+                                                       # grader status and message
+    python tests/wrong_submissions.py --table --kinds halo pad_border_nan   # only those kinds
     python tests/wrong_submissions.py --selfcheck KIND [KIND ...] --json OUT   # the self-check lines only
 
-``tests/test_grade_wrong.py`` grades the whole class in one run and asserts every status and message.
+``tests/test_grade_wrong.py`` grades the kinds marked ``ci`` in one run and asserts every status and message.
 """
 
 from __future__ import annotations
@@ -22,23 +24,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SOLUTION = REPO / "solutions" / "04_data_transfer_padding.ipynb"
+#: stage -> (solution notebook, the graded and timed variant)
+STAGES = {"04": ("04_data_transfer_padding.ipynb", "batched_padded"), "05": ("05_shared_memory.ipynb", "tiled_16"),
+          "06": ("06_constant_memory.ipynb", "const_uniform"), "07": ("07_unroll_matmul.ipynb", "unroll_tiled"),
+          "08": ("08_fusion.ipynb", "atomic_channels"), "09": ("09_per_layer_tuning.ipynb", "tuned_cifar10")}
+SOLUTION = REPO / "solutions" / STAGES["04"][0]
 NB = SOLUTION.name
 STAGE = "04"
 TIMED = "batched_padded"
 # kernel cells of the stage-04 solution, in order
 IMPORTS, PAD_CELL, CONV_CELL, VARIANTS_CELL = range(4)
 
-# graded on the simulator: only the timed variant (the wrong kinds all change its conv), a short time limit
+# only the timed variant of each stage (the wrong kinds all change its conv), a fixed short time limit
 RUBRIC = """
 [limits]
 time_s = 240
 sim_time_s = 240
+time_factor = 0
 memory_mb = 6144
-
-[stage."04"]
-variants = ["batched_padded"]
-"""
+""" + "".join(f'\n[stage."{n}"]\nvariants = ["{v}"]\ntimed_variant = "{v}"\n' for n, (_, v) in STAGES.items())
 
 LAUNCH = "lk.gpu.launch(conv_padded_kernel, out.size, xp, w, b, out, stride)"
 PAD_ONCE = '''    xp = x
@@ -271,13 +275,191 @@ _main._perf_counter = lambda: 0.0  # the grade worker's own clock
 ''')
 
 
+# ------------------------------------------------------------------------------- kinds of issue 25 (04-09)
+
+
+def pad_border_nan(cells):  # the pad kernel leaves the border unwritten: the conv reads the check's NaN poison there
+    _replace(cells, PAD_CELL, "        else:\n            xp[n, c, r, col] = 0.0\n", "")
+
+
+def numpy_container(cells):  # numpy kept in a container built at load time: neither the scan nor a name patch sees it
+    _append(cells, CONV_CELL, """
+_OPS = {"windows": np.lib.stride_tricks.sliding_window_view, "sum": np.einsum}
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    xh = np.pad(lk.gpu.as_host(x), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = _OPS["windows"](xh, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
+    y = _OPS["sum"]("nchwpq,mcpq->nmhw", win, lk.gpu.as_host(w)) + lk.gpu.as_host(b)[None, :, None, None]
+    lk.gpu.to_device(np.ascontiguousarray(y, dtype=np.float32), to=out)
+""")
+
+
+def class_patch(cells):  # the library tracer and the technique counter patched through class attributes
+    _append(cells, VARIANTS_CELL, """
+import labkit.counts as _counts
+import labkit.grading.ownership as _own
+
+_own.Tracer.call = lambda self, fn, args: (fn(*args), {"library": [], "launches": {"own": 1}})[1]
+_counts.Counts.per_output = lambda self, kind: 1e9 if "shared" in kind or "constant" in kind else 0.0
+""")
+
+
+_TIMED = """
+import sys as _sys
+
+
+def _timed():  # inside the grader's timed passes (or a bench)?
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in ("timed_passes", "time_passes"):
+            return True
+        frame = frame.f_back
+    return False
+"""
+
+
+def timed_only_library(cells):  # right kernels in every check; numpy in the timed passes only
+    _append(cells, CONV_CELL, _TIMED + """
+
+_conv_own = conv_padded
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    if not _timed():
+        return _conv_own(x, w, b, out, pad, stride)
+    xh = np.pad(lk.gpu.as_host(x), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    win = np.lib.stride_tricks.sliding_window_view(xh, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
+    y = np.einsum("nchwpq,mcpq->nmhw", win, lk.gpu.as_host(w)) + lk.gpu.as_host(b)[None, :, None, None]
+    lk.gpu.to_device(np.ascontiguousarray(y, dtype=np.float32), to=out)
+""")
+
+
+def memo_content(cells):  # results memoised by the input images' content (the accuracy run primes the memo)
+    _append(cells, CONV_CELL, """
+import hashlib as _hashlib
+
+_conv_own = conv_padded
+_MEMO = {}
+
+
+def conv_padded(x, w, b, out, pad, stride):
+    key = _hashlib.sha1(lk.gpu.as_host(x).tobytes()).hexdigest(), tuple(out.shape)
+    if key in _MEMO:
+        lk.gpu.to_device(_MEMO[key], to=out)
+        return
+    _conv_own(x, w, b, out, pad, stride)
+    _MEMO[key] = lk.gpu.as_host(out).copy()
+""")
+
+
+def untimed_layer(cells):  # in the timed passes the conv only records its arguments; the relu after it computes
+    _append(cells, VARIANTS_CELL, _TIMED + """
+
+_PENDING = []
+_conv_own, _relu_given = PADDED["conv"], PADDED["relu"]
+
+
+def conv_later(x, w, b, out, pad, stride):
+    if _timed():  # a conv layer's time used to be the op time: do nothing in it
+        _PENDING.append((x, w, b, out, pad, stride))
+        return
+    _conv_own(x, w, b, out, pad, stride)
+
+
+def relu_and_conv(x, out):
+    while _PENDING:
+        _conv_own(*_PENDING.pop(0))
+    _relu_given(x, out)
+
+
+VARIANTS["batched_padded"] = lk.Variant({**PADDED, "conv": conv_later, "relu": relu_and_conv}, arrays="device")
+""")
+
+
+# stage 05: a right conv of the student's own with one token load per output through shared memory
+TOKEN_SHARED = """
+
+from numba import cuda, float32
+
+
+@cuda.jit
+def token_conv_kernel(x, w, b, out, pad, stride):
+    token = cuda.shared.array(128, float32)
+    t = cuda.grid(1)
+    N, M, Ho, Wo = out.shape
+    if t < N * M * Ho * Wo:
+        j, i, m, n = t % Wo, (t // Wo) % Ho, (t // (Wo * Ho)) % M, t // (Wo * Ho * M)
+        acc = b[m]
+        for c in range(w.shape[1]):
+            for p in range(w.shape[2]):
+                r = i * stride + p - pad
+                for q in range(w.shape[3]):
+                    s = j * stride + q - pad
+                    if 0 <= r < x.shape[2] and 0 <= s < x.shape[3]:
+                        acc += x[n, c, r, s] * w[m, c, p, q]
+        token[cuda.threadIdx.x] = acc
+        out[n, m, i, j] = token[cuda.threadIdx.x]
+
+
+def conv_token(x, w, b, out, pad, stride):
+    lk.gpu.launch(token_conv_kernel, out.size, x, w, b, out, pad, stride)
+
+
+VARIANTS = lk.variants("05", {name: lk.Variant({**lk.kernels.GIVEN, "conv": conv_token}, arrays="device")
+                              for name in VARIANTS})
+"""
+
+
+def token_shared(cells):
+    _append(cells, len(cells) - 1, TOKEN_SHARED)
+
+
+def counter_patch(cells):  # stage 06: the technique counter patched through a class attribute
+    _append(cells, len(cells) - 1, """
+import labkit.counts as _counts
+
+_counts.Counts.per_output = lambda self, kind: 1e9 if "constant" in kind else 0.0
+""")
+
+
+def given_as_own(cells):  # stage 08: an earlier stage's given conv submitted as this stage's
+    _append(cells, len(cells) - 1, """
+s07 = lk.from_stage("07")
+VARIANTS = lk.variants("08", {name: variant(s07.conv_unroll_tiled, "stage 07's unroll + tiled matmul")
+                              for name in VARIANTS})
+""")
+
+
+def given_wrapped(cells):  # stage 08: the same, behind a function of the student's own
+    _append(cells, len(cells) - 1, """
+s07 = lk.from_stage("07")
+
+
+def conv_mine(x, w, b, out, pad, stride):
+    s07.conv_unroll_tiled(x, w, b, out, pad, stride)
+
+
+VARIANTS = lk.variants("08", {name: variant(conv_mine, "my conv") for name in VARIANTS})
+""")
+
+
+def cuda_c_wrong_source(cells):  # stage 09: register tiles in CUDA C that ignore the padding (windows cross the edge)
+    src = "#define INSIDE (PAD == 0 && (TILE_ROWS - 1) * TR + WR <= H && (TILE_COLS - 1) * TC + WC <= W)"
+    index = next(i for i, c in enumerate(cells) if src in c.source)
+    _replace(cells, index, src, "#define INSIDE 1")
+
+
 @dataclasses.dataclass
 class Kind:
     edit: Callable | None
     what: str  # the mistake, in the table
-    status: str  # what the grader must say
+    status: str  # what the grader must say (on the simulator)
     words: tuple[str, ...]  # ... in its message
     selfcheck_fails: bool | None  # the self-check line FAILs (None: not asserted, it depends on shapes)
+    stage: str = "04"
+    ci: bool = True  # graded by tests/test_grade_wrong.py (the others: the table's run, and on a GPU)
+    gpu: str = ""  # what a GPU run must say where it differs from the simulator's (op time is measured there)
 
 
 KINDS: dict[str, Kind] = {
@@ -307,23 +489,51 @@ KINDS: dict[str, Kind] = {
                            ("numpy.einsum", "own kernels"), False),
     "timer": Kind(timer, "patches time.perf_counter, labkit.timing, labkit.engine and the worker's clock", "tampered",
                   ("time.perf_counter", "labkit.engine.time_passes", "stage scored 0"), False),
+    "pad_border_nan": Kind(pad_border_nan, "pad kernel never writes the border: the conv reads NaN there", "fail",
+                           ("is NaN, written by your kernel", "never written"), True),
+    "numpy_container": Kind(numpy_container, "timed conv computes with numpy kept in a dict built at load time",
+                            "forbidden", ("calls numpy.lib.stride_tricks.sliding_window_view", "own kernels"), False),
+    "class_patch": Kind(class_patch, "patches the library tracer and the technique counter (class attributes)",
+                        "tampered", ("labkit.grading.ownership.Tracer.call", "labkit.counts.Counts.per_output"),
+                        False),
+    "timed_only_library": Kind(timed_only_library, "own kernels in the checks, numpy only in the timed passes",
+                               "pass", ("op time not measured",), False, ci=False,
+                               gpu="forbidden: the tracer runs in the timed passes (calls numpy.einsum)"),
+    "memo_content": Kind(memo_content, "conv results memoised by the images' content", "pass",
+                         ("op time not measured",), False, ci=False,
+                         gpu="pass at its real op time: every timed pass has fresh images, the memo never hits"),
+    "untimed_layer": Kind(untimed_layer, "in timed passes the conv defers its work to its own relu", "pass",
+                          ("op time not measured",), False, ci=False,
+                          gpu="pass at its real op time: the op time is the whole pass, every layer counted"),
+    "token_shared": Kind(token_shared, "a right conv with one token shared-memory load per output", "pass",
+                         ("no technique points", "% of its loads from shared memory"), False, stage="05"),
+    "counter_patch": Kind(counter_patch, "patches the technique counter (labkit.counts.Counts.per_output)",
+                          "tampered", ("labkit.counts.Counts.per_output",), False, stage="06", ci=False),
+    "given_as_own": Kind(given_as_own, "stage 07's given conv (lk.from_stage) submitted as stage 08's", "forbidden",
+                         ("given code", "not by code from your notebook"), False, stage="08"),
+    "given_wrapped": Kind(given_wrapped, "the same behind a function of the student's own", "forbidden",
+                          ("launched only given kernels",), False, stage="08", ci=False),
+    "cuda_c_wrong_source": Kind(cuda_c_wrong_source, "register-tile CUDA C ignores the padding (#define INSIDE 1)",
+                                "pass", ("all checks pass",), None, stage="09", ci=False,
+                                gpu="fail: conv1: FAIL (the tuned variant runs the student's CUDA C)"),
 }
 
 
 def write(root: Path, kinds=None) -> dict[str, Path]:
-    """``root/<kind>/notebooks/04_data_transfer_padding.ipynb`` for each kind; their paths."""
+    """``root/<kind>/notebooks/<the stage's notebook>`` for each kind; their paths."""
     import nbformat
 
     out = {}
     for name in kinds or KINDS:
-        nb = nbformat.read(SOLUTION, as_version=4)
+        notebook = STAGES[KINDS[name].stage][0]
+        nb = nbformat.read(REPO / "solutions" / notebook, as_version=4)
         cells = [c for c in nb.cells if c.cell_type == "code" and "kernel" in c.metadata.get("tags", [])]
         if KINDS[name].edit is not None:
             KINDS[name].edit(cells)
         folder = root / name / "notebooks"
         folder.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, folder / NB)
-        out[name] = folder / NB
+        nbformat.write(nb, folder / notebook)
+        out[name] = folder / notebook
     return out
 
 
@@ -335,19 +545,20 @@ def selfcheck(notebook: Path) -> tuple[str, list[str]]:
     many checks passed), and every line. Run in a process of its own (the timer kind patches the clock)."""
     from labkit import check, nbcells
 
-    variant = nbcells.load(notebook)["VARIANTS"][TIMED]
+    timed = next(v for nb, v in STAGES.values() if nb == notebook.name)
+    variant = nbcells.load(notebook)["VARIANTS"][timed]
     results = check.check_variant(variant, net="cifar10", quiet=True)
     lines = [str(r) for r in results]
     bad = next((line for line in lines if ": FAIL" in line), None)
-    return bad or f"PASS (all {len(lines)} checks of {TIMED}, cifar10)", lines
+    return bad or f"PASS (all {len(lines)} checks of {timed}, cifar10)", lines
 
 
 def selfcheck_all(root: Path, kinds: list[str]) -> dict[str, str]:
-    """Each kind's self-check line, each in a fresh process (on the simulator)."""
+    """Each kind's self-check line, each in a fresh process (on the GPU, or the simulator where there is none)."""
     out = {}
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    env = dict(os.environ)  # the simulator where there is no CUDA driver (import labkit switches it on)
     for name in kinds:
-        nb = root / name / "notebooks" / NB
+        nb = root / name / "notebooks" / STAGES[KINDS[name].stage][0]
         proc = subprocess.run([sys.executable, __file__, "--selfcheck-one", str(nb)], capture_output=True, text=True,
                               env=env, timeout=900)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SELFCHECK ")]
@@ -358,14 +569,16 @@ def selfcheck_all(root: Path, kinds: list[str]) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- the table
 
 
-def grade_class(root: Path, out: Path, seed: int = 2024, jobs: int = 2) -> dict:
+def grade_class(root: Path, out: Path, seed: int = 2024, jobs: int = 2, kinds=None) -> dict:
+    """Grade ``root/class`` (the kinds written there) for every stage they belong to, in one run."""
     rubric = root / "rubric.toml"
     rubric.write_text(RUBRIC)
     from labkit import grading
 
-    return grading.grade(root / "class", stages=[STAGE], rubric=rubric, out=out, jobs=jobs, seed=seed,
-                         progress=False, command=f"labkit grade class --stages {STAGE} --rubric rubric.toml "
-                                                 f"--jobs {jobs} --seed {seed}")
+    stages = sorted({KINDS[k].stage for k in kinds or KINDS})
+    return grading.grade(root / "class", stages=stages, rubric=rubric, out=out, jobs=jobs, seed=seed,
+                         progress=False, command=f"labkit grade class --stages {','.join(stages)} --rubric "
+                                                 f"rubric.toml --jobs {jobs} --seed {seed}")
 
 
 def _cell(text: str, width: int = 150) -> str:
@@ -373,13 +586,13 @@ def _cell(text: str, width: int = 150) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def table(selfchecks: dict[str, str], rows: dict[str, dict]) -> str:
-    lines = ["| kind | the mistake | self-check line (`check_variant`, simulator) | grader status | grader's message "
-             "(start) |", "|---|---|---|---|---|"]
-    for name, kind in KINDS.items():
-        r = rows[name]
-        lines.append(f"| `{name}` | {kind.what} | {_cell(selfchecks.get(name, ''))} | **{r['status']}** "
-                     f"{r['score']:g}/{r['max_score']:g} | {_cell(r['message'], 170)} |")
+def table(selfchecks: dict[str, str], rows: dict[str, dict], kinds=None) -> str:
+    lines = ["| stage | kind | the mistake | self-check line (`check_variant`) | grader status | grader's message "
+             "(start) |", "|---|---|---|---|---|---|"]
+    for name in kinds or KINDS:
+        kind, r = KINDS[name], rows[name]
+        lines.append(f"| {kind.stage} | `{name}` | {kind.what} | {_cell(selfchecks.get(name, ''))} | "
+                     f"**{r['status']}** {r['score']:g}/{r['max_score']:g} | {_cell(r['message'], 170)} |")
     return "\n".join(lines)
 
 
@@ -391,6 +604,7 @@ def main(argv=None) -> int:
     ap.add_argument("--selfcheck-one", type=Path)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--kinds", nargs="+", choices=list(KINDS), help="only these kinds (default: all)")
     args = ap.parse_args(argv)
     if args.selfcheck_one:
         line, _ = selfcheck(args.selfcheck_one)
@@ -410,14 +624,17 @@ def main(argv=None) -> int:
             print(text)
         return 0
     if args.table:
-        os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+        kinds = args.kinds or list(KINDS)
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
-            write(root / "class")
-            report = grade_class(root, root / "out", seed=args.seed)
+            write(root / "class", kinds)
+            report = grade_class(root, root / "out", seed=args.seed, kinds=kinds)
             rows = {r["student"]: r for r in report["rows"]}
-            checks = selfcheck_all(root / "class", list(KINDS))
-        print(table(checks, rows))
+            checks = selfcheck_all(root / "class", kinds)
+            if args.json:
+                args.json.write_text(json.dumps({"rows": rows, "selfchecks": checks, "meta": report["meta"]},
+                                                indent=1, default=str))
+        print(table(checks, rows, kinds))
         print(f"\n(computed by `python tests/wrong_submissions.py --table`: {report['meta']['date']}, "
               f"{report['meta']['device']}, seed {report['meta']['seed']}, graded in {report['meta']['seconds']} s)")
         return 0

@@ -28,6 +28,145 @@ from .scoring import JobOutcome
 PROBABILITY_TOL = 1e-3
 
 
+class Inputs:
+    """The arrays a child gets (one ``.npz``), the nets and workloads that name them: built in the parent."""
+
+    def __init__(self, refs: References):
+        self.refs = refs
+        self.arrays: dict[str, np.ndarray] = {}
+        self.nets: dict[str, dict] = {}
+        self.workloads: dict[str, P.WorkloadSpec] = {}
+
+    def weights(self, prefix: str, weights: dict) -> dict[str, str]:
+        names = {}
+        for i, (k, v) in enumerate(weights.items()):
+            self.arrays[f"{prefix}.w{i}"] = np.ascontiguousarray(v, dtype=np.float32)
+            names[k] = f"{prefix}.w{i}"
+        return names
+
+    def workload(self, net_name: str, images: int, target: str) -> str:
+        """A real-image workload (shrunk for GPU code on the simulator), as the references have it."""
+        wl, _, _ = self.refs.get(net_name, images, target)
+        key = f"wl_{net_name}_{images}_{target}"
+        if key not in self.workloads:
+            self.nets[wl.net.name] = dataclasses.asdict(wl.net)
+            self.arrays[f"{key}.x"] = np.ascontiguousarray(wl.x, dtype=np.float32)
+            self.workloads[key] = P.WorkloadSpec(net=wl.net.name, x=f"{key}.x", weights=self.weights(key, wl.weights))
+        return key
+
+    def timing(self, plan: StagePlan, rng: np.random.Generator) -> tuple[P.TimingSpec, list[np.ndarray]]:
+        """The timed passes: each on the workload's images freshly perturbed (noise of a tenth of their spread,
+        new for every pass and every job), so that no memo, of an earlier pass or of the accuracy run, holds its
+        answer; and those images, for the reference's answers on them."""
+        t = plan.rubric["timing"]
+        key = self.workload(*plan.timing_run())
+        x = self.arrays[self.workloads[key].x]
+        scale = 0.1 * float(x.std()) or 0.1
+        keys, images = [], []
+        for k in range(t["repeat"]):
+            images.append((x + rng.normal(0.0, scale, x.shape)).astype(np.float32))
+            keys.append(f"pass{k}.x")
+            self.arrays[keys[-1]] = images[-1]
+        return P.TimingSpec(variant=plan.timed, workload=key, warmup=t["warmup"], repeat=t["repeat"],
+                            passes=keys), images
+
+    def save(self, folder: Path) -> str:
+        np.savez(folder / "inputs.npz", **self.arrays)
+        return str(folder / "inputs.npz")
+
+
+def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
+    """A fresh job folder with private copies of labkit and of the solutions (checksummed): (folder, lib,
+    solutions, guard)."""
+    folder = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
+    (folder / "student").mkdir()
+    (folder / "work").mkdir()
+    lib, solutions = folder / "lib", folder / "solutions"
+    guarded = {str(p.relative_to(lib / "labkit")): p for p in sandbox.private_labkit(lib)}
+    guarded.update({f"solutions/{p.name}": p for p in sandbox.private_solutions(plan.solution.parent, solutions)})
+    return folder, lib, solutions, sandbox.Guard(guarded)
+
+
+def _tuning_copy(folder: Path) -> str:
+    """A copy of the tuning choices this grader reads (``results/tuning.json``), for the child to read the same:
+    a tuned variant then runs the kernels the student's notebook picks, not a fallback ("" when there are none)."""
+    from .. import tune
+
+    if not tune.STORE.is_file():
+        return ""
+    shutil.copyfile(tune.STORE, folder / "tuning.json")
+    return str(folder / "tuning.json")
+
+
+def _child_env(folder: Path, lib: Path, solutions: Path, extra: dict) -> dict:
+    return sandbox.child_env({"NUMBA_CACHE_DIR": str(folder / "work" / "numba-cache"),
+                              "LABKIT_SOLUTIONS": str(solutions), **extra}, lib=lib)
+
+
+def _imported_from(lib: Path, msg: P.Hello) -> str | None:
+    """A grader error unless the child imported labkit from its private copy."""
+    if not Path(msg.labkit).resolve().is_relative_to(lib.resolve()):
+        return f"the grading process imported labkit from {msg.labkit}, not from its private copy in {lib}"
+    return None
+
+
+@dataclasses.dataclass
+class ReferenceTiming:
+    """What the stage's solution did as a job of its own (``reference_job``): its timed passes (the op time's
+    denominator) and how long the whole job took (the scale of the students' time limit)."""
+
+    runs: list | None = None
+    method: str = ""
+    mismatches: list | None = None
+    error: str | None = None
+    device: str = ""
+    seconds: float = 0.0
+
+
+def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_extra: dict | None = None,
+                  sandbox=None) -> ReferenceTiming:
+    """The stage's solution graded as a student is, in a child of its own that never holds student code (once per
+    stage and device in a run): the same engine, clock and tracing time it, and the job's wall time scales the
+    students' time limit. A solution that does not pass is the grader's error."""
+    job = Job(plan, refs, "(reference solution)", plan.solution, seed, gpu)
+    job.env_extra, job.sandbox = dict(env_extra or {}), sandbox
+    o = job.run()
+    row = job.row()
+    result = ReferenceTiming(runs=o.timing_runs, method=o.timing_method, mismatches=o.timing_mismatches,
+                             device=o.device, seconds=o.seconds)
+    if row["status"] != "pass" or (plan.measured and not o.timing_runs):
+        result.error = (f"the reference solution {plan.solution.name} does not pass its own grading "
+                        f"({row['status']}): {row['message'][:400]}")
+    return result
+
+
+def timed_probabilities(payload: bytes, passes: int, images: int) -> list | None:
+    """The class probabilities of each timed pass, if they all came back whole and finite."""
+    probs = [read_array(payload, f"prob{k}") for k in range(passes)]
+    if not passes or any(p is None or p.ndim != 2 or p.shape[0] != images or not np.isfinite(p).all() for p in probs):
+        return None
+    return probs
+
+
+def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray]) -> list[np.ndarray]:
+    """The float64 reference's class probabilities on each timed pass's images."""
+    wl = refs.get(*plan.timing_run())[0]
+    return [np.asarray(reference.forward(wl.net, wl.weights, x), np.float64) for x in images]
+
+
+def mismatches(expected: list[np.ndarray], probs: list) -> list[int]:
+    """Per timed pass: images whose prediction differs from the float64 reference's on the same images, or whose
+    probabilities are off by more than PROBABILITY_TOL (a kept result with the same argmax)."""
+    out = []
+    for ref, p in zip(expected, probs):
+        if p.shape != ref.shape:
+            out.append(len(p))
+            continue
+        off = (p.argmax(axis=1) != ref.argmax(axis=1)) | (np.abs(p - ref).max(axis=1) > PROBABILITY_TOL)
+        out.append(int(off.sum()))
+    return out
+
+
 class Job:
     """One (student, stage): build inputs, run the child, judge what comes back."""
 
@@ -40,6 +179,8 @@ class Job:
         self.lib = Path()
         self._outputs: dict = {}  # (variant, net, layer, batch) -> fingerprints of the outputs seen
         self._hinted = False
+        self.time_limit = plan.time_limit  # the rubric's, or the one that follows from the reference's job
+        self._pass_images: list = []  # each timed pass's images (fresh): the reference's answers are computed here
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
 
@@ -48,40 +189,22 @@ class Job:
         """The job the child reads and its inputs (``inputs.npz``); the answers stay here."""
         plan, r = self.plan, self.plan.rubric
         rng = np.random.default_rng(self.seed)
-        arrays: dict[str, np.ndarray] = {}
-        nets: dict[str, dict] = {}
+        inputs = Inputs(self.refs)
         cases: list[P.CaseSpec] = []
-        workloads: dict[str, P.WorkloadSpec] = {}
         accuracy: list[P.AccuracySpec] = []
-
-        def put_weights(prefix: str, weights: dict) -> dict:
-            names = {}
-            for i, (k, v) in enumerate(weights.items()):
-                arrays[f"{prefix}.w{i}"] = np.ascontiguousarray(v, dtype=np.float32)
-                names[k] = f"{prefix}.w{i}"
-            return names
 
         def put_case(case, vname: str, batch: int, what: str, net_name: str, net=None) -> None:
             cid = len(cases)
-            arrays[f"c{cid}.x"] = case.x
+            inputs.arrays[f"c{cid}.x"] = case.x
             if net is not None:
-                nets[net.name] = dataclasses.asdict(net)
+                inputs.nets[net.name] = dataclasses.asdict(net)
             cases.append(P.CaseSpec(id=cid, variant=vname, batch=batch, what=what, net_name=net_name, x=f"c{cid}.x",
-                                    weights=put_weights(f"c{cid}", case.weights),
+                                    weights=inputs.weights(f"c{cid}", case.weights),
                                     layer=dataclasses.asdict(case.layer) if case.layer is not None else None,
                                     net=net.name if net is not None else None))
             self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
                                "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
                                "target": plan.variants[vname].target}
-
-        def put_workload(net_name: str, images: int, target: str) -> str:
-            wl, _, _ = self.refs.get(net_name, images, target)
-            key = f"wl_{net_name}_{images}_{target}"
-            if key not in workloads:
-                nets[wl.net.name] = dataclasses.asdict(wl.net)
-                arrays[f"{key}.x"] = np.ascontiguousarray(wl.x, dtype=np.float32)
-                workloads[key] = P.WorkloadSpec(net=wl.net.name, x=f"{key}.x", weights=put_weights(key, wl.weights))
-            return key
 
         for vname, spec in plan.variants.items():
             for net_name in spec.nets:
@@ -97,20 +220,16 @@ class Job:
                     put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net)
         for vname, net_name, images, target in plan.accuracy_runs():
             aid = f"{vname}/{net_name}"
-            accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=put_workload(net_name, images, target)))
+            accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
-        timing = None
-        if plan.timing_run():
-            timing = P.TimingSpec(variant=plan.timed, workload=put_workload(*plan.timing_run()),
-                                  warmup=r["timing"]["warmup"], repeat=r["timing"]["repeat"])
-        np.savez(folder / "inputs.npz", **arrays)
+        timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
         self.outcome.cases = len(cases)
         self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
         self.outcome.accuracy_runs = len(accuracy)
         tech = plan.technique()
-        return P.JobSpec(mode="student", stage=plan.stage.number, notebook="", inputs=str(folder / "inputs.npz"),
-                         variants=dict(plan.variants), nets=nets, workloads=workloads, timed=plan.timed, cases=cases,
-                         accuracy=accuracy, timing=timing,
+        return P.JobSpec(stage=plan.stage.number, notebook="", inputs=inputs.save(folder),
+                         variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
+                         cases=cases, accuracy=accuracy, timing=timing,
                          technique=P.TechniqueSpec(**tech) if tech else None,
                          memory_mb=r["limits"]["memory_mb"],
                          memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
@@ -138,6 +257,8 @@ class Job:
                               launches=msg.launches)
                 res.seed = self.seed
                 res.batches = (c["batch"],)
+                if not res.passed:
+                    res.detail = hints.nan_origin(res.detail, msg.nan_written, msg.unwritten)
         if not res.passed and got is not None and not self._hinted:
             self._hinted = True
             res.detail += hints.explain(c, got, res, self._outputs, self.plan.rubric["checks"]["tol"])
@@ -156,10 +277,15 @@ class Job:
         for item in trace.library:
             if len(item) == 2:
                 o.forbidden.append(f"{item[0]} (variant {variant!r}) calls {item[1]}")
-        if passed and trace.without_own_launch and self.plan.variants[variant].target == "gpu":
-            ran = ", ".join(f"{n} of {k}" for k, n in sorted(trace.launches.items())) or "no kernel at all"
+        gpu = self.plan.variants[variant].target == "gpu"
+        ran = ", ".join(f"{n} of {k}" for k, n in sorted(trace.launches.items())) or "no kernel at all"
+        if passed and trace.without_own_launch and gpu:
             o.forbidden.append(f"{', '.join(trace.without_own_launch)} (variant {variant!r}) computed its output "
                                f"without launching a kernel of your notebook (launches: {ran})")
+        elif passed and trace.given_only and gpu and self.plan.rubric["checks"]["own_kernel"]:
+            o.forbidden.append(f"{', '.join(trace.given_only)} (variant {variant!r}) launched only given kernels "
+                               f"(earlier stages' solutions, lk.from_stage), none of your notebook's (launches: "
+                               f"{ran}): this stage grades a kernel of your own")
 
     def _accuracy(self, msg: P.AccuracyResult, payload: bytes) -> None:
         if msg.id not in self.acc_items:
@@ -202,54 +328,30 @@ class Job:
                               f"{res['mismatches']} of {wl.images} {wl.net.name} images{acc}")
 
     def _runs(self, runs: list) -> list | None:
-        conv = self.plan.conv_layers()
-        ok = runs and all(all(n in run and np.isfinite(run[n]) and run[n] >= 0 for n in conv) for run in runs)
+        ok = runs and all("pass" in run and all(np.isfinite(t) and t >= 0 for t in run.values()) for run in runs)
         if not ok:
-            self.outcome.protocol_error = "timing results without the conv layers' times"
+            self.outcome.protocol_error = "timing results without each pass's time"
             return None
         return runs
 
     def _predictions(self, payload: bytes, runs: list | None) -> list | None:
-        """The class probabilities of each timed pass (pass k on the images rotated by k), if they all came back."""
+        """The class probabilities of each timed pass, if they all came back."""
         if not runs:
             return None
-        probs = [read_array(payload, f"prob{k}") for k in range(len(runs))]
         images = self.refs.get(*self.plan.timing_run())[0].images
         self.outcome.timed_images = images
-        if any(p is None or p.ndim != 2 or p.shape[0] != images or not np.isfinite(p).all() for p in probs):
+        probs = timed_probabilities(payload, len(runs), images)
+        if probs is None:
             self.outcome.protocol_error = "timing results without each pass's class probabilities"
-            return None
         return probs
-
-    def mismatches(self, probs: list) -> list[int]:
-        """Per timed pass: images whose prediction differs from the float64 reference's on the same (rotated)
-        images, or whose probabilities are off by more than PROBABILITY_TOL (a kept result with the same argmax)."""
-        _, ref_pred, _ = self.refs.get(*self.plan.timing_run())
-        ref = self.refs.probabilities(*self.plan.timing_run())
-        out = []
-        for k, p in enumerate(probs):
-            r = np.roll(ref, -k, axis=0)
-            off = (p.argmax(axis=1) != np.roll(ref_pred, -k)) if p.shape == r.shape else np.ones(len(p), bool)
-            if p.shape == r.shape:
-                off |= np.abs(p - r).max(axis=1) > PROBABILITY_TOL
-            out.append(int(off.sum()))
-        return out
 
     # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
     def _on_hello(self, msg: P.Hello, payload, answer) -> None:
         self.outcome.device = msg.device
-        if not Path(msg.labkit).resolve().is_relative_to(self.lib.resolve()):
-            self.outcome.grader_error = (f"the grading process imported labkit from {msg.labkit}, not from its "
-                                         f"private copy in {self.lib}")
+        self.outcome.grader_error = _imported_from(self.lib, msg) or self.outcome.grader_error
 
     def _on_phase(self, msg: P.Phase | P.Start, payload, answer) -> None:
         self.outcome.phase = msg.what[:200]
-
-    def _on_reference(self, msg: P.Reference, payload, answer) -> None:
-        o = self.outcome
-        o.reference_runs = self._runs(msg.runs)
-        preds = self._predictions(payload, o.reference_runs)
-        o.reference_mismatches = self.mismatches(preds) if preds else None
 
     def _on_load_error(self, msg: P.LoadError, payload, answer) -> None:
         self.outcome.load_error = msg.message[:2000]
@@ -295,9 +397,11 @@ class Job:
         if msg.error:
             o.timing_error = msg.error
             return
-        o.timing_runs = self._runs(msg.runs)
+        o.timing_runs, o.timing_method = self._runs(msg.runs), msg.method
         preds = self._predictions(payload, o.timing_runs)
-        o.timing_mismatches = self.mismatches(preds) if preds else None
+        o.timing_mismatches = mismatches(expected_passes(self.refs, self.plan, self._pass_images), preds) \
+            if preds else None
+        self._trace(msg.trace, self.plan.timed, True)  # a library call made only in the timed passes
 
     def _on_tampered(self, msg: P.Tampered, payload, answer) -> None:
         self.outcome.tampered_code = {"what": msg.what[:20], "count": msg.count, "when": msg.when[:300]}
@@ -308,7 +412,7 @@ class Job:
     def _on_done(self, msg, payload, answer) -> None:
         self.outcome.done = True
 
-    HANDLERS = {P.Hello: _on_hello, P.Phase: _on_phase, P.Start: _on_phase, P.Reference: _on_reference,
+    HANDLERS = {P.Hello: _on_hello, P.Phase: _on_phase, P.Start: _on_phase,
                 P.LoadError: _on_load_error, P.Loaded: _on_loaded, P.CaseResult: _on_case,
                 P.ChecksDone: _on_checks_done, P.Technique: _on_technique, P.AccuracyResult: _on_accuracy,
                 P.AccuracyDone: _on_accuracy_done, P.Timing: _on_timing, P.Tampered: _on_tampered,
@@ -325,29 +429,36 @@ class Job:
         return self.outcome.done or self.outcome.protocol_error is not None
 
     # ---- running
+    def use_reference(self, ref: ReferenceTiming | None, time_limit: float | None = None) -> None:
+        """The reference solution's job (``reference_job``): its timing, this job's op time is compared with,
+        and the time limit that follows from its duration."""
+        o = self.outcome
+        if time_limit:
+            self.time_limit = time_limit
+        if ref is None:
+            return
+        if ref.error:
+            o.grader_error = ref.error
+        else:
+            o.reference_runs, o.reference_mismatches, o.reference_method = ref.runs, ref.mismatches, ref.method
+
     def run(self) -> JobOutcome:
         """Private copies in a fresh folder, the child under its limits, then the checksums; the folder goes."""
         o = self.outcome
+        if o.grader_error:  # the reference could not be timed: the grader's problem, said in this job's row
+            return o
         start = time.monotonic()
-        folder = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
+        folder, self.lib, solutions, guard = _private_folder(self.plan)
         try:
-            (folder / "student").mkdir()
-            (folder / "work").mkdir()
             student_nb = folder / "student" / self.notebook.name
             shutil.copyfile(self.notebook, student_nb)
-            self.lib = folder / "lib"
-            solutions = folder / "solutions"
-            guarded = {str(p.relative_to(self.lib / "labkit")): p for p in sandbox.private_labkit(self.lib)}
-            guarded.update({f"solutions/{p.name}": p for p in sandbox.private_solutions(self.plan.solution.parent,
-                                                                                        solutions)})
-            guard = sandbox.Guard(guarded)
             job = self.build(folder)
-            job.notebook, job.reference_notebook = str(student_nb), str(solutions / self.plan.solution.name)
-            env = sandbox.child_env({"NUMBA_CACHE_DIR": str(folder / "work" / "numba-cache"),
-                                     "LABKIT_SOLUTIONS": str(solutions), **self.env_extra}, lib=self.lib)
+            job.notebook, job.tuning = str(student_nb), _tuning_copy(folder)
             limits = self.plan.rubric["limits"]
-            end = sandbox.run_child(job.to_json(), folder, env, self.plan.time_limit, limits["memory_mb"],
-                                    job.memory_guard == "rss", self.handle, self.sandbox)
+            end = sandbox.run_child(job.to_json(), folder, _child_env(folder, self.lib, solutions, self.env_extra),
+                                    self.time_limit, limits["memory_mb"], job.memory_guard == "rss", self.handle,
+                                    self.sandbox)
+            o.time_limit = self.time_limit
             o.timed_out, o.memory_exceeded, o.returncode, o.stderr_tail = \
                 end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail
             o.protocol_error = o.protocol_error or end.protocol_error

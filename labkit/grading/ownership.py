@@ -25,6 +25,9 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+
+_setprofile, _getprofile = sys.setprofile, sys.getprofile  # bound before any student code exists
 
 LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the (private) labkit package
 _KERNELS_FILE = os.path.join(LABKIT_DIR, "kernels.py")
@@ -345,10 +348,11 @@ def scan(roots: list[tuple[str, object]], code: Code, lib: Library) -> list[str]
         if direct:
             findings.append(f"{label} is {direct}")
             continue
-        if not any(k in ("own", "given") for k in kinds):
+        if "own" not in kinds:
             where = next((f"{f.__module__}.{f.__qualname__}" for f in behind if code.kind(f.__code__) != "labkit"),
                          type(root).__name__)
-            what = "the kit's solution of this stage" if "solution" in kinds else where
+            what = ("the kit's solution of this stage" if "solution" in kinds
+                    else "given code (an earlier stage's solution, lk.from_stage)" if "given" in kinds else where)
             findings.append(f"{label} is computed by {what}, not by code from your notebook")
             continue
         seen: set = set()
@@ -377,13 +381,22 @@ def scan(roots: list[tuple[str, object]], code: Code, lib: Library) -> list[str]
 
 
 class Tracer:
-    """Records, while a timed conv function runs, every library routine called and every kernel launched."""
+    """Records, while a timed conv function runs, every library routine called and every kernel launched.
+
+    Two ways see a routine: its public names are replaced by recorders for the call (``np.einsum``, the names the
+    student's cells bound), and a profile hook (``sys.setprofile``) sees every Python function of a library entered
+    and every C function called while the conv runs, however the student reached it (a routine kept in a list or
+    a dict built at load time, a name built at run time). Calls a library makes into itself are its own business.
+    numpy's ufuncs (``np.matmul``) enter no Python frame and call no profiled C function: the scan sees ``@``."""
 
     def __init__(self, code: Code, lib: Library, namespaces: list[dict]):
         self.code, self.lib, self.namespaces = code, lib, namespaces
         self.current: dict | None = None
         self._points: list | None = None
         self._modules_seen = 0
+        self._codes: dict = {}  # code object of a library's Python function -> its name
+        self._dispatchers: dict = {}  # name of a C routine's array-function dispatcher -> the routine's name
+        self._installed = 0
 
     # the launch hook calls this for every real launch (never for device functions)
     def launched(self, py_func) -> None:
@@ -392,25 +405,54 @@ class Tracer:
             kind = self.code.kind(getattr(py_func, "__code__", None))
             rec["launches"][kind] = rec["launches"].get(kind, 0) + 1
 
+    def _record(self, name: str, caller: str) -> None:
+        rec = self.current
+        if rec is not None and len(rec["library"]) < 4 and name not in rec["library"] \
+                and not _in_family(caller, _INTERNAL + ("labkit",)):
+            rec["library"].append(name)
+
     def _wrapper(self, original: Callable, name: str) -> Callable:
         tracer = self
 
         @functools.wraps(original)
         def recorded(*args, **kwargs):
-            rec = tracer.current
-            if rec is not None and len(rec["library"]) < 4 and name not in rec["library"]:
-                caller = sys._getframe(1).f_globals.get("__name__", "") or ""
-                if not _in_family(caller, _INTERNAL):
-                    rec["library"].append(name)
+            if tracer.current is not None:
+                tracer._record(name, sys._getframe(1).f_globals.get("__name__", "") or "")
             return original(*args, **kwargs)
 
         return recorded
+
+    def _profile(self, frame, event, arg) -> None:
+        """The profile hook: a library's Python function entered, or a C function of a library called."""
+        if event == "call":
+            code = frame.f_code
+            name = self._codes.get(code)
+            if name is None and code.co_name in self._dispatchers and \
+                    (frame.f_globals.get("__name__") or "").startswith(("numpy.", "cupy.")):
+                name = self._dispatchers[code.co_name]  # the dispatcher of a C routine (np.dot)
+            caller = frame.f_back
+        elif event == "c_call":
+            name = self.lib.name(arg)
+            caller = frame
+        else:
+            return
+        if name is not None:
+            self._record(name, caller.f_globals.get("__name__", "") or "" if caller is not None else "")
 
     def _patch_points(self) -> list:
         if self._points is not None and len(sys.modules) == self._modules_seen:
             return self._points
         self.lib.refresh()
         self._modules_seen = len(sys.modules)
+        self._codes, self._dispatchers = {}, {}
+        for obj in self.lib._objects:
+            for f in (obj, getattr(obj, "__wrapped__", None), getattr(obj, "_implementation", None)):
+                code = getattr(f, "__code__", None)
+                if isinstance(code, types.CodeType):
+                    self._codes.setdefault(code, self.lib.name(obj))
+            impl = getattr(obj, "_implementation", None)
+            if impl is not None and not hasattr(impl, "__code__"):  # a C routine behind numpy's dispatcher
+                self._dispatchers.setdefault(getattr(obj, "__name__", ""), self.lib.name(obj))
         points = []
         # where a student's code looks a routine up: public modules (np.dot, np.linalg.solve, lk.reference.conv2d,
         # lk.conv2d, scipy.signal.convolve2d), and the names their cells bound (from numpy import dot)
@@ -430,25 +472,45 @@ class Tracer:
         self._points = points
         return points
 
-    def call(self, fn: Callable, args: tuple) -> dict:
-        """Run ``fn(*args)`` traced; the record: {"library": [names], "launches": {kind: count}}."""
-        rec = {"library": [], "launches": {}}
+    @contextmanager
+    def installed(self):
+        """The recorders in place (for a call, or for a whole timed pass: installed once, not per layer)."""
+        if self._installed:
+            self._installed += 1
+            try:
+                yield
+            finally:
+                self._installed -= 1
+            return
         points = self._patch_points()
         for owner, attr, _, wrapper, is_mod in points:
             if is_mod:
                 setattr(owner, attr, wrapper)
             else:
                 owner[attr] = wrapper
-        self.current = rec
+        self._installed = 1
         try:
-            fn(*args)
+            yield
         finally:
-            self.current = None
+            self._installed = 0
             for owner, attr, original, _, is_mod in points:
                 if is_mod:
                     setattr(owner, attr, original)
                 else:
                     owner[attr] = original
+
+    def call(self, fn: Callable, args: tuple) -> dict:
+        """Run ``fn(*args)`` traced; the record: {"library": [names], "launches": {kind: count}}."""
+        rec = {"library": [], "launches": {}}
+        with self.installed():
+            self.current = rec
+            previous = _getprofile()
+            _setprofile(self._profile)
+            try:
+                fn(*args)
+            finally:
+                _setprofile(previous)
+                self.current = None
         return rec
 
 

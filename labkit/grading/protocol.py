@@ -36,7 +36,6 @@ class Kind(str, enum.Enum):
 
     HELLO = "hello"  # started: device, pid, and where labkit was imported from (its private copy)
     PHASE = "phase"  # what it does now (loading, timing the reference): for a timeout's message
-    REFERENCE = "reference"  # the reference solution's timed passes (a reference job's)
     LOAD_ERROR = "load_error"  # the student's kernel cells did not load: nothing else follows
     LOADED = "loaded"  # the student's VARIANTS as found, what is wrong with them, what the own-kernels scan found;
     # the parent answers: continue to the checks, or stop
@@ -200,10 +199,8 @@ class TechniqueSpec(Record):
 
 @dataclasses.dataclass
 class JobSpec(Record):
-    """Everything one child is told. ``mode``: "student" (load, checks, accuracy, timing of ``notebook``) or
-    "reference" (the timed passes of the stage's solution, in a process that never holds student code)."""
+    """Everything one child is told: the notebook it grades, the checks, accuracy runs and timed passes."""
 
-    mode: str
     stage: str
     notebook: str
     inputs: str
@@ -216,7 +213,6 @@ class JobSpec(Record):
     accuracy: list[AccuracySpec] = dataclasses.field(default_factory=list)
     timing: TimingSpec | None = None
     technique: TechniqueSpec | None = None
-    reference_notebook: str = ""  # the stage's solution, timed first (before any student code exists)
     tuning: str = ""  # the tuning choices (results/tuning.json) the grader read: the child reads the same
     memory_mb: int = 0
     memory_guard: str = "none"
@@ -290,6 +286,7 @@ class Trace(Record):
     library: list[list[str]]  # [layer, routine]
     without_own_launch: list[str]
     launches: dict[str, int]
+    given_only: list[str] = dataclasses.field(default_factory=list)  # launched given kernels, none of the student's
 
 
 @_message(Kind.CASE)
@@ -301,6 +298,8 @@ class CaseResult(Message):
     race: str | None = None
     launches: int | None = None
     trace: Trace | None = None
+    nan_written: int | None = None  # NaN outputs the function wrote (it read data never written), on a re-run
+    unwritten: int | None = None  # ... and outputs it never wrote (the re-run's finite poison survived)
 
 
 @_message(Kind.CHECKS_DONE)
@@ -340,12 +339,6 @@ class Timing(Message):
     method: str = ""
     error: str | None = None
     trace: Trace | None = None
-
-
-@_message(Kind.REFERENCE)
-@dataclasses.dataclass
-class Reference(Timing):
-    pass
 
 
 @_message(Kind.TAMPERED)

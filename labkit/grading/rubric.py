@@ -19,13 +19,14 @@ except ModuleNotFoundError:  # Python 3.10
 
 DEFAULT_RUBRIC = Path(__file__).resolve().parent.parent / "rubric.toml"
 SECTIONS = {
-    "limits": {"time_s": (int, float), "sim_time_s": (int, float), "memory_mb": int, "max_file_mb": int},
-    "checks": {"batches": list, "tol": (int, float)},
+    "limits": {"time_s": (int, float), "sim_time_s": (int, float), "time_factor": (int, float),
+               "min_time_s": (int, float), "memory_mb": int, "max_file_mb": int},
+    "checks": {"batches": list, "tol": (int, float), "own_kernel": bool},
     "accuracy": {"images": int},
     "timing": {"images": int, "warmup": int, "repeat": int},
     "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float),
                "technique": (int, float)},
-    "technique": {"memory": str, "net": str, "layer": str},
+    "technique": {"memory": str, "net": str, "layer": str, "min_fraction": (int, float)},
     "op_time": {"full_at_ratio": (int, float), "zero_at_ratio": (int, float), "requires_accuracy": bool,
                 "when_not_measured": str},
 }
@@ -105,6 +106,8 @@ def _check_values(where: str, label: str, r: dict) -> None:
     memory = r["technique"]["memory"]
     if memory not in ("", "shared", "constant"):
         raise RubricError(f"{where} ({label}): technique.memory must be \"shared\", \"constant\" or \"\" (none)")
+    if not 0 <= r["technique"]["min_fraction"] <= 1:
+        raise RubricError(f"{where} ({label}): technique.min_fraction must be between 0 and 1")
     if memory:
         from ..nets import NETS
 
@@ -112,8 +115,10 @@ def _check_values(where: str, label: str, r: dict) -> None:
         if net is None or r["technique"]["layer"] not in net.conv_layers:
             raise RubricError(f"{where} ({label}): technique.net and technique.layer must name a conv layer of a "
                               f"net (e.g. net = \"cifar10\", layer = \"conv2\")")
-    if r["limits"]["time_s"] <= 0 or r["limits"]["sim_time_s"] <= 0:
+    if r["limits"]["time_s"] <= 0 or r["limits"]["sim_time_s"] <= 0 or r["limits"]["min_time_s"] <= 0:
         raise RubricError(f"{where} ({label}): time limits must be positive")
+    if r["limits"]["time_factor"] < 0:
+        raise RubricError(f"{where} ({label}): limits.time_factor must be 0 (the limit as given) or more")
 
 
 def load_rubric(path: str | Path | None = None) -> Rubric:

@@ -25,7 +25,7 @@ import numpy as np
 from .. import device
 from ..stages import STAGES, label, solutions_folder
 from . import environment, isolation, scoring
-from .job import Job
+from .job import Job, ReferenceTiming, reference_job
 from .plan import References, StagePlan, plan_stage
 from .reports import merge_reports, write_reports
 from .rubric import GradeError, Rubric, load_rubric
@@ -151,6 +151,33 @@ class Context:
             self.refs.prepare(plan)
         self.gpu = gpu
         self.sandbox = sandbox  # every job's child runs in it (labkit.grading.isolation)
+        self._timings: dict = {}
+        self._lock = threading.Lock()
+        self._locks: dict = {}
+        self.limits: dict = {}  # stage -> the students' time limit and the reference job's seconds it came from
+
+    def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
+        """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
+        (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``
+        times its wall time, at least ``limits.min_time_s``, at most the rubric's limit (``time_factor = 0``: the
+        rubric's limit as it is, and no reference job where op time is not measured). The timing is None where op
+        time is not measured."""
+        lim = plan.rubric["limits"]
+        if not plan.measured and not lim["time_factor"]:
+            return None, plan.time_limit
+        env = dict(env_extra or {})
+        key = (plan.stage.number, env.get("CUDA_VISIBLE_DEVICES"))
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._timings:
+                self._timings[key] = reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox)
+        ref = self._timings[key]
+        limit = plan.time_limit
+        if lim["time_factor"] and not ref.error:
+            limit = min(plan.time_limit, max(float(lim["min_time_s"]), lim["time_factor"] * ref.seconds))
+        self.limits[plan.stage.number] = {"time_limit_s": round(limit), "reference_job_s": round(ref.seconds, 1)}
+        return (ref if plan.measured or ref.error else None), round(limit)
 
 
 def missing_row(student: str, plan: StagePlan, seed: int, where: str, searched: bool) -> dict:
@@ -177,6 +204,7 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     job.env_extra = dict(env_extra or {})
     job.sandbox = ctx.sandbox
     try:
+        job.use_reference(*ctx.reference(plan, env_extra))
         job.run()
         row = job.row()
         row["notebook"] = task["notebook"]
@@ -326,13 +354,16 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         "rubric": rub.to_dict(), "weights": ctx.refs.weight_sources, "solutions": str(solutions),
         "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - started, 1),
         "timed_variants": {n: label(n, p.timed) for n, p in plans.items()},
+        "time_limits": {n: ctx.limits.get(n, {"time_limit_s": round(p.time_limit)}) for n, p in plans.items()},
         "skipped_variants": {n: p.skipped for n, p in plans.items() if p.skipped},
         "batches": {n: {v: {"layers": p.layer_batches(c.target), "repeat": p.layer_batches(c.target)[0],
                             "network": p.network_batches(c.target)}
                         for v, c in p.variants.items()} for n, p in plans.items()},
         "op_time": {n: ("measured" if p.measured else f"not measured ({p.not_measured_why})")
                     for n, p in plans.items()},
-        "op_time_rule": "best (minimum) of timing.repeat passes after timing.warmup; spread in each row's details",
+        "op_time_rule": "the whole pass (every layer, until the device is idle and the pass's threads ended), best "
+                        "(minimum) of timing.repeat passes on fresh images after timing.warmup; the reference "
+                        "solution timed the same way in a job of its own; spread in each row's details",
         "accuracy": {n: ("scored" if p.accuracy_scored else "not scored (no labelled images)")
                      for n, p in plans.items()},
         "single_submission": single,

@@ -31,6 +31,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 import types
@@ -43,6 +44,7 @@ import numpy as np
 _perf_counter = time.perf_counter
 _os_write = os.write
 _contextmanager = contextmanager
+_threads = threading.enumerate
 
 import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
 
@@ -86,6 +88,7 @@ class _Clock:
         self._marks: list = []
         self._totals: dict[str, float] = {}
         self.section = self._event_section if events else self._perf_section
+        self.whole = self._event_whole if events else self._perf_section
         self.seconds = self._read
 
     def _sync(self) -> None:
@@ -97,6 +100,17 @@ class _Clock:
         start, end = self._event(timing=True), self._event(timing=True)
         start.record()
         yield
+        end.record()
+        self._marks.append((name, start, end))
+
+    @_contextmanager
+    def _event_whole(self, name: str):
+        """A section that ends only once the device is idle: work left queued on any stream counts."""
+        start, end = self._event(timing=True), self._event(timing=True)
+        self._sync()
+        start.record()
+        yield
+        self._sync()
         end.record()
         self._marks.append((name, start, end))
 
@@ -118,12 +132,15 @@ class _Clock:
 
 
 def _namespaces(hooked: list) -> list[tuple[object, bool]]:
-    """labkit's modules, this worker, numpy, time, the classes whose methods the grader relies on, and the kernel
-    classes the launch hook sits on."""
+    """labkit's modules, this worker, numpy, time, every class a labkit module defines (the tracer, the technique
+    counter, the checks' results: a patched class attribute reaches every instance), and the kernel classes the
+    launch hook sits on."""
     mods = [(m, not hasattr(m, "__path__")) for n, m in sorted(sys.modules.items())
             if isinstance(m, types.ModuleType) and (n == "labkit" or n.startswith("labkit.") or n == "__main__")]
-    classes = [(c, True) for c in (_Channel, _Clock, engine.Prepared, Variant)]
-    return [*mods, (np, False), (time, False), *classes, *((cls, False) for cls in dict.fromkeys(hooked))]
+    classes = {id(v): v for m, _ in mods for v in list(vars(m).values())
+               if isinstance(v, type) and getattr(v, "__module__", None) in (m.__name__, "__main__")}
+    return [*mods, (np, False), (time, False), *((c, True) for c in classes.values()),
+            *((cls, False) for cls in dict.fromkeys(hooked))]
 
 
 class _Tampered(Exception):
@@ -244,6 +261,60 @@ def _pass_arrays(probabilities: list) -> dict:
     return {f"prob{k}": p for k, p in enumerate(probabilities)}
 
 
+def _traced_call(tracer: ownership.Tracer, fn, layer_name: str, records: list):
+    def call(*args):
+        rec = tracer.call(fn, args)
+        rec["layer"] = layer_name
+        records.append(rec)
+
+    call.__name__ = getattr(fn, "__name__", "conv")
+    return call
+
+
+def _technique_budget(conv, tech: P.TechniqueSpec, arrays: str) -> P.Technique:
+    """The share of the conv's loads served from the stage's memory (``labkit.counts`` on the simulator), against
+    the stage's budget (``technique.min_fraction``): a token load from that memory earns nothing."""
+    from .. import counts
+
+    name = f"{tech.layer} uses {tech.memory} memory"
+    try:
+        c = counts.count_layer(conv, tech.net, tech.layer, arrays)
+    except BaseException as exc:  # noqa: BLE001 - a raise is the value checks' business: one line here
+        return P.Technique(passed=False, line=f"{name}: FAIL ({describe_exception(exc, tech.layer)})")
+    mem, glob = c.per_output(f"{tech.memory} load"), c.per_output("global load")
+    fraction = mem / (mem + glob) if mem + glob > 0 else 0.0
+    passed = mem > 0 and fraction >= tech.min_fraction
+    line = (f"{name}: {'PASS' if passed else 'FAIL'} ({100 * fraction:.0f} % of its loads from {tech.memory} memory: "
+            f"{mem:.1f} {tech.memory} and {glob:.1f} global loads per output element, counted on the simulator; "
+            f"the stage asks for at least {100 * tech.min_fraction:.0f} %)")
+    return P.Technique(passed=passed, line=line, fraction=fraction)
+
+
+#: the re-run's poison: finite, and far from any value a layer computes
+SENTINEL = np.float32(-3.0e38)
+
+
+def _nan_origin(fn, layer: Layer, x, w: dict, arrays: str) -> tuple[int | None, int | None]:
+    """Call the layer function again with its output filled with a finite ``SENTINEL`` (every buffer of the kit
+    still NaN-poisoned): NaN now are outputs the function wrote from data that was never written (an unwritten pad
+    border, a read past an input's end); ``SENTINEL`` are outputs it never wrote. (None, None) if the call raised."""
+    from .. import layers
+
+    try:
+        weights = layers.with_biases((layer,), w)
+        out = np.full(layers.group_output_shape((layer,), x.shape, weights), SENTINEL, np.float32)
+        with gpu.poisoned():
+            if arrays == "device":
+                od = gpu.to_device(out)
+                fn(*layers.args(layer, gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}, od))
+                out = gpu.as_host(od)
+            else:
+                fn(*layers.args(layer, x.copy(), {k: v.copy() for k, v in weights.items()}, out))
+    except Exception:  # noqa: BLE001 - only a hint: the check itself already ran
+        return None, None
+    return int(np.isnan(out).sum()), int((out == SENTINEL).sum())
+
+
 def _summary(records: list[dict]) -> P.Trace | None:
     """What the traced conv calls of one check did: library routines, launches, calls that launched none of the
     student's (or given) kernels."""
@@ -255,8 +326,10 @@ def _summary(records: list[dict]) -> P.Trace | None:
             launches[kind] = launches.get(kind, 0) + n
     library = list(dict.fromkeys((rec["layer"], name) for rec in records for name in rec["library"]))
     without = [rec["layer"] for rec in records if not rec["launches"].get("own") and not rec["launches"].get("given")]
+    given = [rec["layer"] for rec in records if rec["launches"].get("given") and not rec["launches"].get("own")]
     return P.Trace(calls=len(records), library=[list(pair) for pair in library[:4]],
-                   without_own_launch=list(dict.fromkeys(without)), launches=launches)
+                   without_own_launch=list(dict.fromkeys(without)), launches=launches,
+                   given_only=list(dict.fromkeys(given)))
 
 
 # ------------------------------------------------------------------------------------------------- the job
@@ -318,10 +391,12 @@ class Job:
 
         return make_clock, "cuda-events" if events else "perf_counter"
 
-    def timed_passes(self, variant: Variant) -> tuple[list, list]:
-        """``warmup`` untimed passes on one image, then ``repeat`` timed ones (per-layer seconds), pass k on the
-        images rotated by k (``np.roll(x, -k)``): a result cached across passes gives the wrong predictions,
-        which come back with the times (one array per pass) for the grader to compare."""
+    def timed_passes(self, variant: Variant, tracer: ownership.Tracer | None) -> tuple[list, list]:
+        """``warmup`` untimed passes on one image, then one timed pass on each of the job's pass inputs (fresh
+        images each: no memo of an earlier pass, or of the accuracy run, can anticipate them), under the same
+        tracing as the checks. A pass's time (``"pass"``) runs from its first launch until the device is idle and
+        every thread it started has ended; each layer's time is kept beside it. The probabilities of every pass
+        come back for the grader to compare with the reference's on the same images."""
         t = self.job.timing
         net, x, w = self.workloads[t.workload]
         make_clock, _ = self.clock_factory(t.variant, f"during a pass of timing variant {t.variant!r} on "
@@ -331,38 +406,34 @@ class Job:
             self.restore()
             engine.forward(net, variant, prepared.first(1))
         runs, predictions = [], []
-        for k in range(t.repeat):
-            shifted = prepared if k == 0 else engine.prepare(net, variant, np.roll(x, -k, axis=0), w)
-            self.restore()
-            probs, seconds = engine.time_passes(net, variant, shifted, 1, warmup=False, clock_factory=make_clock)
-            runs += seconds
+        for key in t.passes:
+            fresh = engine.prepare(net, variant, self.arrays[key], w)
+            clock = make_clock()
+            with tracer.installed() if tracer is not None else nullcontext():
+                before = set(_threads())
+                with clock.whole("pass"):
+                    probs = engine.forward(net, variant, fresh, clock=clock)
+                    for th in [th for th in _threads() if th not in before]:
+                        th.join()  # work the pass left running on the host is the pass's work
+            runs.append(clock.seconds())
             predictions.append(np.asarray(probs, np.float32))
         return runs, predictions
 
-    # ---- the reference solution: timed before any student code exists
-    def time_reference(self) -> bool:
-        t = self.job.timing
-        self.send(P.Phase("loading and timing the reference solution"))
-        try:
-            ns = ownership.load_cells(self.job.reference_notebook, self.code.solution)
-            ref = _variant_fields(_variants_of(ns, "reference solution")[t.variant])
-            runs, preds = self.timed_passes(self.variant(t.variant, ref["impls"]))
-        except BaseException as exc:  # noqa: BLE001 - reported as the grader's own problem
-            self.send(P.GraderError("the reference solution failed: "
-                                    + describe_exception(exc, "the reference solution"),
-                                    traceback.format_exc(limit=6)))
-            return False
-        self.send(P.Reference(runs=runs, method=self.clock_factory(t.variant)[1]), _pass_arrays(preds))
-        return True
+    def traced(self, v: Variant, tracer: ownership.Tracer) -> Variant:
+        """``v`` with each conv function recorded by ``tracer`` while it runs."""
+        impls = dict(v.impls)
+        records = self.records
+        for net_name in v.nets:
+            for layer in kernel_layers(get_net(net_name)):
+                fn = impl_for(v.impls, layer) if layer.kind == "conv" else None
+                if fn is not None:
+                    impls[layer.name] = _traced_call(tracer, fn, layer.name, records)
+        return replace(v, impls=impls)
 
     def run(self) -> None:
         job = self.job
         self.send(P.Hello(device=device.label(self.info), kind=self.info.kind, simulated=self.info.simulated,
                           pid=os.getpid(), labkit=os.path.dirname(os.path.abspath(engine.__file__))))
-        if job.timing and job.reference_notebook and not self.time_reference():
-            return
-        if job.mode != "student":
-            return
         self.student_code = True
         student = StudentPhases(self)
         try:
@@ -418,7 +489,8 @@ class StudentPhases:
             return False
         self.tracer = ownership.Tracer(ctx.code, ctx.lib, [self.ns])
         ctx.tracer_ref[0] = self.tracer
-        self.checked = {name: (self._traced(v) if name == job.timed else v) for name, v in self.student.items()}
+        self.checked = {name: (ctx.traced(v, self.tracer) if name == job.timed else v)
+                        for name, v in self.student.items()}
         return True
 
     def _declared(self, found: dict) -> tuple[dict, dict]:
@@ -436,27 +508,6 @@ class StudentPhases:
             except TypeError as exc:
                 problems[name] = f"VARIANTS[{name!r}] {exc}"
         return declared, problems
-
-    def _traced(self, v: Variant) -> Variant:
-        """``v`` with each conv function recorded by the tracer while it runs."""
-        impls = dict(v.impls)
-        for net_name in v.nets:
-            for layer in kernel_layers(get_net(net_name)):
-                fn = impl_for(v.impls, layer) if layer.kind == "conv" else None
-                if fn is not None:
-                    impls[layer.name] = self._traced_call(fn, layer.name)
-        return replace(v, impls=impls)
-
-    def _traced_call(self, fn, layer_name: str):
-        tracer, records = self.tracer, self.ctx.records
-
-        def call(*args):
-            rec = tracer.call(fn, args)
-            rec["layer"] = layer_name
-            records.append(rec)
-
-        call.__name__ = getattr(fn, "__name__", "conv")
-        return call
 
     # --- checks: raw outputs back to the grader, which compares them
     def checks(self) -> bool:
@@ -506,6 +557,10 @@ class StudentPhases:
             result.error = describe_exception(exc, case.what)
         ctx.compare(f"during {when}")
         result.launches = counts.launches
+        if layer is not None and got is not None and result.error is None and not np.isfinite(got).all():
+            ctx.restore()  # NaN in the output: written NaN (a read of data never written) or never written?
+            result.nan_written, result.unwritten = _nan_origin(fn, layer, x, w, v.arrays)
+            ctx.compare(f"during {when} (run again to see where its NaN come from)")
         result.trace = _summary(ctx.records)
         if watch is not None and watch.conflicts:
             result.race = f"data race at batch size {case.batch}: {watch.conflicts[0].describe()}"
@@ -514,7 +569,7 @@ class StudentPhases:
         verdict = ctx.answer()
         return result.error is None and verdict is P.Answer.CONTINUE
 
-    # --- technique: does the timed variant's conv use the stage's memory (its values passed the checks above)
+    # --- technique: how much of the timed variant's conv work uses the stage's memory (values passed above)
     def technique(self) -> bool:
         ctx, tech, timed = self.ctx, self.ctx.job.technique, self.ctx.job.timed
         if tech and timed in self.student:
@@ -522,9 +577,13 @@ class StudentPhases:
             v = self.student[timed]
             conv = impl_for(v.impls, get_net(tech.net).layer(tech.layer))
             ctx.send(P.Start(f"the technique check ({tech.memory} memory) of variant {timed!r}"))
-            r = check_technique(conv, tech.net, tech.layer, tech.memory, arrays=v.arrays, quiet=True)
+            if simulator.active():
+                result = _technique_budget(conv, tech, v.arrays)
+            else:  # a GPU runs no counts: a kernel it launched must have that memory in its compiled resources
+                r = check_technique(conv, tech.net, tech.layer, tech.memory, arrays=v.arrays, quiet=True)
+                result = P.Technique(passed=r.passed, line=str(r))
             ctx.compare("during the technique check")
-            ctx.send(P.Technique(passed=r.passed, line=str(r)))
+            ctx.send(result)
         return True
 
     # --- accuracy: the whole network with the student's functions on the grader's images
@@ -548,19 +607,19 @@ class StudentPhases:
             ctx.compare(f"during {when}")
             result.trace = _summary(ctx.records)
             ctx.send(result, {"probs": np.ascontiguousarray(probs)} if probs is not None else None)
-        ctx.tracer_ref[0] = None
         ctx.send(P.AccuracyDone())
         return bool(ctx.job.timing) and ctx.answer() is P.Answer.CONTINUE
 
-    # --- op time: the student's timed variant, the same way as the reference's
+    # --- op time: the student's timed variant, the same way as the reference's, traced as in the checks
     def timing(self) -> bool:
         ctx, t = self.ctx, self.ctx.job.timing
         ctx.restore()
         net, x, _ = ctx.workloads[t.workload]
         when = f"timing variant {t.variant!r} on {x.shape[0]} images"
         ctx.send(P.Start(when))
+        ctx.records.clear()
         try:
-            runs, preds = ctx.timed_passes(self.student[t.variant])
+            runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer)
         except _Tampered:
             raise
         except BaseException as exc:  # noqa: BLE001
@@ -568,7 +627,8 @@ class StudentPhases:
             ctx.send(P.Timing(error=describe_exception(exc, "the timed run")))
             return False
         ctx.compare(f"during {when}")
-        ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1]), _pass_arrays(preds))
+        ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1], trace=_summary(ctx.records)),
+                 _pass_arrays(preds))
         return True
 
 
