@@ -36,13 +36,13 @@ def show(fn, net: str = "cifar10", layer: str = "conv2", *, element=None, block=
     launch = rec.launch(kernel)
     if spec is None or spec is False:
         sel = access.selection(rec, launch, element, block, thread, warp)
-        return draw.thread_figure(launch, *sel, title=title or _title(rec, launch, target), budget=budget,
-                                  most_epochs=most_epochs, note=_note(rec))
+        return _shown(draw.thread_figure(launch, *sel, title=title or _title(rec, launch, target), budget=budget,
+                                         most_epochs=most_epochs, note=_note(rec)))
     spec_fn = _spec_for(target, layer, namespace) if spec is True else spec
     ref = access.record(spec_fn, case, target["arrays"], "the spec", target["stage"], namespace)
     ref_launch = ref.launch(kernel)
     element = access.element_or_middle(rec, element)
-    return _compare(rec, launch, ref, ref_launch, element, target, budget, most_epochs, title)
+    return _shown(_compare(rec, launch, ref, ref_launch, element, target, budget, most_epochs, title))
 
 
 def failure(fn, net: str = "cifar10", layer: str = "conv2", *, seed: int | None = None, kernel: str | None = None,
@@ -63,8 +63,8 @@ def failure(fn, net: str = "cifar10", layer: str = "conv2", *, seed: int | None 
         wrong = access.first_wrong(rec)
         if wrong is not None:
             ref = access.record(spec_fn, case, target["arrays"], "the spec", target["stage"], namespace)
-            return _compare(rec, rec.launch(kernel), ref, ref.launch(kernel), wrong, target, budget, 2,
-                            _failure_title(rec, wrong, f"{layer} of {net}"))
+            return _shown(_compare(rec, rec.launch(kernel), ref, ref.launch(kernel), wrong, target, budget, 2,
+                                   _failure_title(rec, wrong, f"{layer} of {net}")))
     print(f"{target['name']}: every element right on {' and on '.join(tried)} of {layer} (one image): the failure "
           f"needs the check's own sizes or seed; run the self-check again and look at its FAIL line")
     return None
@@ -74,6 +74,14 @@ show.failure = failure  # lk.show.failure(...), next to lk.show(...)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+
+
+def _shown(fig):
+    """The figure, closed to pyplot: a notebook shows it once, as the cell's value, and a script can save it."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return fig
 
 
 def _target(fn, layer, fuse, arrays, stage) -> dict:

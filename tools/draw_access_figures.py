@@ -81,14 +81,15 @@ SCENES = [
     Scene("04_task2", "04", 2, "no bounds tests: the thread of out[0, 0, 3, 3] reads its window of the padded "
           "buffer, every element inside it", lambda s: s.conv_padded, _case(), kernel="conv_padded_kernel",
           element=(0, 0, 3, 3), budget={"global load": "101 (2·C·K² + 1)", "global store": "1"}),
-    Scene("05_task1", "05", 1, "tile + halo: T = 4, so 2×2 tiles per map; the block of the bottom-right tile loads "
-          "its 8×8 patch of x (IN = T + K − 1) and the map's weights per channel, one barrier, then each thread reads "
-          "its K×K window of the tile", lambda s: s.conv_tiled(4), _case(size=(8, 8)), block=3, thread=(1, 2),
-          budget={"global load": "11 (C·(⌈IN²/T²⌉ + 1) + 1)", "shared load": "100 (2·C·K²)",
+    Scene("05_task1", "05", 1, "tile + halo: T = 8, 2×2 tiles on a 12×12 image; the block of the bottom-right tile "
+          "loads its 12×12 patch of x (IN = T + K − 1: rows and columns 6..17, of which 6..11 are in the image) and "
+          "the map's weights per channel, then after the barrier each thread reads its K×K window of the tile",
+          lambda s: s.conv_tiled(8), _case(size=(12, 12), maps=1), block=3, thread=(1, 2),
+          budget={"global load": "9 (C·(⌈IN²/T²⌉ + 1) + 1)", "shared load": "100 (2·C·K²)",
                   "global store": "1"}),
-    Scene("05_task2", "05", 2, "the launch: one block per (tile, map, image); the whole block of tile 1 of map 0, "
-          "with the patch of x and the outputs it covers", lambda s: s.conv_tiled(4), _case(size=(8, 8)),
-          block=1, most_epochs=3),
+    Scene("05_task2", "05", 2, "the launch: one block per (tile, map, image); the whole block of tile 1 (top right), "
+          "with the patch of x it loads and the outputs it writes", lambda s: s.conv_tiled(8),
+          _case(size=(12, 12), maps=1), block=1, most_epochs=3),
     Scene("06_task1", "06", 1, "uniform vs divergent constant reads: warp 0 of the uniform kernel (maps slowest) "
           "asks for one weight address per load, warp 0 of the divergent one (maps fastest) for one per map",
           lambda s: s.conv_const_uniform, _case(maps=4), kernel="conv_const_kernel", block=0, warp=0,
@@ -345,7 +346,7 @@ WRONG = {  # a student's likely slip in a solution kernel: (stage, text in the s
 }
 
 
-def wrong_variants(stage: str) -> dict:
+def wrong_namespace(stage: str) -> dict:
     """The solution's kernel cells with one slip (``WRONG``), loaded as a student's notebook would be."""
     import labkit as lk
     from labkit import nbcells
@@ -367,7 +368,7 @@ def wrong_variants(stage: str) -> dict:
         raise SystemExit(f"stage {stage}'s solution no longer has {right!r}: update WRONG in "
                          f"tools/draw_access_figures.py")
     assert lk  # the cells import labkit themselves
-    return ns["VARIANTS"]
+    return ns
 
 
 def failure_picture(stage: str, folder: Path = DOCS_IMG) -> Path:
@@ -383,7 +384,7 @@ def failure_picture(stage: str, folder: Path = DOCS_IMG) -> Path:
     import labkit as lk
 
     _, _, name, png = WRONG[stage]
-    VARIANTS = wrong_variants(stage)
+    VARIANTS = wrong_namespace(stage)["VARIANTS"]
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         lk.check_variant(VARIANTS[name], "cifar10", network=False)

@@ -1,0 +1,187 @@
+"""lk.show: the accesses it records, the figures of the tasks (their access patterns against the committed digests),
+"yours vs the spec" for a wrong kernel and the FAIL line that points to it, the child process a GPU machine uses, and
+the tool's --insert. Recordings run on the simulator on small launches (a second or a few each)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+import labkit as lk  # noqa: E402
+from labkit import access, draw  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not lk.simulator.active(), reason="recording accesses needs the CUDA simulator")
+
+
+def _tool():
+    """tools/draw_access_figures.py as a module (tools/ is not a package)."""
+    name = "draw_access_figures"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+TOOL = _tool()
+SCENES = {s.name: s for s in TOOL.SCENES}
+
+
+@pytest.fixture(scope="module")
+def tiled05():
+    """Stage 05's solution, 8x8 tiles, on a 12x12 image of 2 channels and one map: 2x2 tiles, 4 blocks."""
+    fn = lk.from_stage("05").conv_tiled_8
+    return access.record_here(fn, access.small_case(channels=2, maps=1, size=(12, 12), seed=3))
+
+
+def test_recording_has_roles_epochs_and_the_windows_of_the_tiled_kernel(tiled05):
+    launch = tiled05.launch()
+    assert launch.kernel == "conv_tiled_kernel" and launch.grid == (4, 1, 1) and launch.block == (8, 8, 1)
+    roles = {n: (a["kind"], a["role"]) for n, a in launch.arrays.items()}
+    assert roles == {"x": ("global", "input"), "w": ("global", "weights"), "b": ("global", "bias"),
+                     "out": ("global", "output"), "tile": ("shared", "input"), "wts": ("shared", "weights")}
+    rows, names = launch.rows, launch.names
+    # two channels, two barriers each: epochs 0..4, the output written in the last
+    assert sorted(set(rows[:, 8].tolist())) == [0, 1, 2, 3, 4]
+    out = rows[rows[:, 0] == names.index("out")]
+    assert (out[:, 9] == 1).all() and (out[:, 8] == 4).all()
+    assert sorted(out[:, 1].tolist()) == list(range(12 * 12)), "every output element written once"
+    # thread (tx 1, ty 2) of block 3 (the bottom-right tile) reads tile[2..6, 1..5] in epochs 1 and 3
+    mask, _, who = draw.select(launch, 3, (1, 2))
+    assert who == "thread (1, 2) of block 3"
+    mine = rows[mask]
+    tile = mine[(mine[:, 0] == names.index("tile")) & (mine[:, 9] == 0)]
+    want = sorted(r * 12 + c for r in range(2, 7) for c in range(1, 6))
+    for epoch in (1, 3):
+        assert sorted(tile[tile[:, 8] == epoch, 1].tolist()) == want
+    assert not len(tile[np.isin(tile[:, 8], [0, 2, 4])]), "no shared read before the barrier"
+    # its block loads the x patch of rows and columns 6..17 (12.. are past the image: zeros, no load), channel 0
+    # before the first barrier, channel 1 after the second
+    blk = rows[(rows[:, 2] == 3) & (rows[:, 0] == names.index("x"))]
+    patch = sorted(r * 12 + c for r in range(6, 12) for c in range(6, 12))
+    assert sorted(set(blk[blk[:, 8] == 0, 1].tolist())) == patch
+    assert sorted(set(blk[blk[:, 8] == 2, 1].tolist())) == [144 + f for f in patch]
+    counts = draw.per_thread_counts(launch, mask)
+    assert counts["shared load"] == 2 * 2 * 25 and counts["global store"] == 1
+    assert access.first_wrong(tiled05) is None
+    assert access.writer(tiled05, launch, (0, 0, 9, 10)) == ((3, 0, 0), (2, 1, 0))
+
+
+def test_warp_addresses_tell_uniform_from_divergent_constant_reads():
+    s06 = lk.from_stage("06")
+    case = access.small_case(maps=4, seed=1)
+    uniform = access.record_here(s06.conv_const_uniform, case).launch("conv_const_kernel")
+    divergent = access.record_here(s06.conv_const_divergent, case).launch("conv_const_kernel")
+    for launch, want in ((uniform, 1), (divergent, 4)):
+        mask, _, _ = draw.select(launch, 0, warp=0)
+        assert draw.warp_addresses(launch, mask) == want
+        assert launch.arrays["wc"] == {"kind": "constant", "shape": [4, 2, 5, 5], "role": "weights"}
+
+
+@pytest.mark.parametrize("name", list(SCENES))
+def test_each_figure_matches_its_solutions_access_pattern(name):
+    """The committed digest beside each figure is what the solution does now: a solution whose access pattern
+    changed needs its figure redrawn (python tools/draw_access_figures.py NAME)."""
+    assert (REPO / "notebooks" / "figures" / f"{name}.png").is_file()
+    reason = TOOL.stale_reason(SCENES[name])
+    assert reason == "", reason
+
+
+def test_a_changed_access_pattern_is_caught():
+    wrong = TOOL.wrong_namespace("05")
+    scene = replace(SCENES["05_task1"], fn=lambda _: wrong["conv_tiled"](4))
+    assert "access pattern changed" in TOOL.stale_reason(scene)
+    stored = json.loads((REPO / "notebooks" / "figures" / "05_task1.json").read_text())
+    now = json.loads(json.dumps(TOOL.digest(scene, TOOL.record(scene))))
+    assert now["launches"][0]["sha256"] != stored["launches"][0]["sha256"]
+
+
+def test_a_wrong_kernel_fails_with_a_hint_and_the_hint_draws_yours_vs_the_spec(capsys):
+    variants = TOOL.wrong_namespace("05")["VARIANTS"]
+    only_conv = lk.Variant({"conv1": variants["tiled_8"].impls["conv"]}, arrays="device", nets=("cifar10",),
+                           name="tiled_8", stage="05")
+    lk.check_variant(only_conv, "cifar10", network=False, batches=(1,))
+    out = capsys.readouterr().out
+    assert "conv1: FAIL (" in out and "first wrong element" in out, out
+    hint = next(ln for ln in out.splitlines() if "lk.show.failure(" in ln)
+    assert hint.strip().endswith("lk.show.failure(VARIANTS['tiled_8'], 'cifar10', 'conv1')"), hint
+    fig = lk.show.failure(variants["tiled_8"], "cifar10", "conv1")
+    words = " ".join(t.get_text() for t in fig.texts)
+    assert "yours: thread" in words and "the spec: thread" in words
+    assert "first wrong element out[0, 0, 0, 0]" in words
+    # the slip loads the patch one row low: thread 0 loads patch elements 0, 64, 128 (tile rows 0, 5, 10, column 4),
+    # of which only row 5 - pad = 3 lies in the image for the spec, and row 4 with the slip, in both channels
+    assert "yours reads x[0, 0, 4, 2], x[0, 1, 4, 2], which the spec's does not" in words, words
+    assert "the spec's reads x[0, 0, 3, 2], x[0, 1, 3, 2], which yours does not" in words, words
+
+
+def test_the_right_kernel_has_no_failure_to_draw(capsys):
+    s05 = lk.from_stage("05")
+    assert lk.show.failure(s05.conv_tiled_8, "cifar10", "conv1", stage="05") is None
+    assert "every element right" in capsys.readouterr().out
+
+
+def test_show_draws_a_figure_with_a_count_table_and_refuses_what_it_cannot_record():
+    s04 = lk.from_stage("04")
+    fig = lk.show(s04.conv_padded, kernel="conv_padded_kernel", budget={"global load": 101})
+    words = " ".join(t.get_text() for t in fig.texts)
+    assert "conv_padded_kernel" in words and "thread" in words
+    table = [a for a in fig.axes if a.tables][0].tables[0]
+    cells = {(r, c): cell.get_text().get_text() for (r, c), cell in table.get_celld().items()}
+    assert cells[(0, 0)] == "per thread" and "global load" in cells.values() and cells[(1, 1)] == "101"
+    with pytest.raises(ValueError, match="launched no kernel named 'nope'"):
+        lk.show(s04.conv_padded, kernel="nope")
+    cpu = lk.from_stage("02").VARIANTS["cpu_prange_n"]
+    with pytest.raises(ValueError, match="CPU code"):
+        lk.show(cpu)
+    with pytest.raises(ValueError, match="draws conv layers"):
+        lk.show(s04.conv_padded, layer="fc")
+
+
+def test_the_child_process_records_what_this_process_records(tiled05):
+    """On a GPU machine lk.show records in a child under the simulator: same accesses as here."""
+    case = {"net": "cifar10", "layer": "conv2", "fuse": (), "channels": 2, "maps": 2, "size": (8, 8), "images": 1,
+            "seed": 3}
+    job = {"notebook": str(REPO / "solutions" / "05_shared_memory.ipynb"), "function": "conv_tiled_16",
+           "case": case, "arrays": "device", "name": "conv_tiled_16"}
+    there = access._in_child(job).launch()
+    here = access.record_here(lk.from_stage("05").conv_tiled_16, access.small_case(**case)).launch()
+
+    def key(launch):
+        return launch.arrays, launch.rows[np.lexsort(launch.rows.T[::-1])].tolist()
+
+    assert there.kernel == here.kernel and key(there) == key(here)
+
+
+def test_insert_puts_each_reference_in_its_task_spec_once(tmp_path):
+    import nbformat
+
+    folder = tmp_path / "solutions"
+    shutil.copytree(REPO / "solutions", folder)
+    changed = TOOL.insert(folder)
+    assert changed, "the first --insert changes the notebooks"
+    assert TOOL.insert(folder) == [], "a second --insert changes nothing"
+    for scene in TOOL.SCENES:
+        nb = nbformat.read(folder / lk.STAGES[scene.stage].notebook, as_version=4)
+        holding = [c for c in nb.cells if f"(figures/{scene.name}.png)" in c.source]
+        assert len(holding) == 1 and f"## Task {scene.task}" in holding[0].source, scene.name
+        assert holding[0].source.count(f"(figures/{scene.name}.png)") == 1
+
+
+def test_the_tool_says_what_is_wrong_in_one_line():
+    run = subprocess.run([sys.executable, str(REPO / "tools" / "draw_access_figures.py"), "99_task9"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout.strip().startswith("no figure named 99_task9;"), run
+    assert "Traceback" not in run.stderr
