@@ -82,7 +82,7 @@ def check(variants: dict[str, Variant], net: str | None = None) -> Checked:
         seen[key] = name
         before = set(map(id, done.values()))
         results = checked[name] = check_variant(variant, net, done=done, quiet=True)
-        own = [r for r in results if not r.given and (id(r) not in before or r.name.endswith(" forward"))]
+        own = [r for r in results if not (r.given and r.passed) and (id(r) not in before or r.name.endswith(" forward"))]
         print(f"-- {name}" + ("" if own or not results else " (given code only: in the line below)"))
         for r in results:
             if r.given and r.passed:

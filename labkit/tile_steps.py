@@ -280,12 +280,16 @@ def _check_store_tile(source, mac, rng):
     stray = np.flatnonzero(np.isnan(flat) & ~np.isnan(got))
     if stray.size:
         i = int(stray[0])
-        where = (f"out{list(np.unravel_index(i, out_shape))}" if i < flat.size - slack
+        where = (f"out{[int(k) for k in np.unravel_index(i, out_shape)]}" if i < flat.size - slack
                  else f"{i - (flat.size - slack)} elements past the end of out")
         return None, f"a store outside this block's outputs ({stray.size} in all; the first at {where})", "out"
     keep = ~np.isnan(flat)
     return got[keep], flat[keep].astype(np.float32), "out"
 
+
+NOTES = {"load_window": "windows in the padding and inside the image", "add_channel": "weight vectors of 4, 2 and 1 "
+         "maps, shared and constant", "stage_weights": "the last map group", "sum_channels": "with and without "
+         "the prefetch, shared and constant", "store_tile": "pooled, and tiles that overhang the map"}
 
 CHECKS = {"load_window": _check_load_window, "add_channel": _check_add_channel,
           "stage_weights": _check_stage_weights, "sum_channels": _check_sum_channels,
@@ -338,5 +342,4 @@ def _run(label: str, fn, source: str, rng) -> CheckResult:
         if not result.passed:
             result.detail = f"{_where(mac)}: {result.detail}"
             return result
-    return CheckResult(label, True, note=f"{len(cases)} shapes: padding and overhanging tiles, every weight-vector "
-                                        f"width" if len(cases) > 2 else f"{len(cases)} shapes")
+    return CheckResult(label, True, note=f"{len(cases)} shapes, {NOTES[label.split(', ')[1]]}")

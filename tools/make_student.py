@@ -22,8 +22,8 @@ import argparse
 import copy
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import nbformat
 
@@ -36,8 +36,7 @@ _BEGIN_RE = re.compile(r"^(\s*)(###|///) BEGIN SOLUTION(?:[ \t]+([A-Za-z_]\w*))?
 PLACEHOLDER = re.compile(r"\{\{lines:([A-Za-z_]\w*(?:\+[A-Za-z_]\w*)*)\}\}")
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
     """One solution block: its name (None when unnamed), where it is, and its size in lines of code."""
 
     name: str | None
