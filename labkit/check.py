@@ -134,9 +134,9 @@ def fresh_seed(seed: int | None) -> int:
     return int(np.random.SeedSequence(seed).entropy % (2 ** 32)) if seed is None else int(seed)
 
 
-def _layer_weights(layer: Layer, in_shape: tuple[int, ...], rng, shrunk: bool) -> dict[str, np.ndarray]:
+def _layer_weights(layer: Layer, in_shape: tuple[int, ...], rng, shrunk: bool, batch: int = 1) -> dict[str, np.ndarray]:
     if layer.kind == "conv":
-        m = simulator.layer_outputs(layer) if shrunk else layer.out
+        m = simulator.layer_outputs(layer, batch) if shrunk else layer.out
         shape = (m, in_shape[0], layer.kernel, layer.kernel)
     elif layer.kind == "fc":
         shape = (layer.out, in_shape[0])
@@ -170,11 +170,11 @@ def layer_case(net: str | Net, layer: str, batch: int, rng, target: str = "gpu")
     if target not in ("gpu", "cpu"):
         raise ValueError(f"target must be 'gpu' or 'cpu', not {target!r}")
     shrunk = simulator.shrinks(target)
-    in_shape = simulator.layer_input_shape(net, spec) if shrunk else net.input_shape_of(spec.name)
+    in_shape = simulator.layer_input_shape(net, spec, batch) if shrunk else net.input_shape_of(spec.name)
     x = rng.standard_normal((batch, *in_shape)).astype(np.float32)
     if spec.kind == "softmax":
         x *= 3
-    weights = _layer_weights(spec, in_shape, rng, shrunk)
+    weights = _layer_weights(spec, in_shape, rng, shrunk, batch)
     expected = reference.layer_forward(spec, x, weights, accumulate="float64").astype(np.float32)
     return Case(spec.name, spec, x, weights, expected)
 
@@ -295,7 +295,7 @@ def check_network(variant: Variant, net: str | Net, *, batches: tuple[int, ...] 
         prepared = engine.prepare(case.net, variant, case.x, case.weights)
         return engine.forward(case.net, variant, prepared, check=True)
 
-    default = simulator.BATCHES if simulator.shrinks(variant.target) else NETWORK_BATCHES
+    default = simulator.NETWORK_BATCHES if simulator.shrinks(variant.target) else NETWORK_BATCHES
     # every function was watched for races in its own check; the chain is about what passes between layers
     return _check(lambda n, rng: network_case(net, n, rng, variant.target), call, f"{name} forward",
                   tuple(batches or default), tol, seed, quiet, watch_races=False)

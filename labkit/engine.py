@@ -11,7 +11,7 @@ reference, launches per image when the variant says so, and records to the ledge
 from __future__ import annotations
 
 import statistics
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -133,34 +133,95 @@ def _download(y) -> np.ndarray:
 
 #: NaN elements after a checked layer's output on the device, looked at after the call
 OUT_GUARD = 1024
+#: NaN elements before and after every input a checked layer is handed (x, its weights, its bias), on the host and
+#: on the device: each input is a contiguous view into the middle of a longer NaN buffer, so a kernel that reads
+#: past either end of an input (a window across the image's edge, an index before the first element) reads NaN
+IN_GUARD = 1024
+
+
+def _poison_value(dtype):
+    return np.nan if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max
+
+
+def _with_margins(a: np.ndarray, device: bool, poison: bool = True):
+    """(the whole buffer, the contiguous view of ``a`` inside it): ``a``'s values with IN_GUARD elements either side,
+    poisoned (NaN), or zeros when ``poison`` is false."""
+    a = np.ascontiguousarray(a)
+    whole = np.full(a.size + 2 * IN_GUARD, _poison_value(a.dtype) if poison else 0, a.dtype)
+    whole[IN_GUARD:IN_GUARD + a.size] = a.ravel()
+    if device:
+        whole = gpu.to_device(whole)
+    return whole, whole[IN_GUARD:IN_GUARD + a.size].reshape(a.shape)
+
+
+def _margins_changed(whole, size: int) -> bool:
+    host = gpu.as_host(whole)
+    margins = np.concatenate([host[:IN_GUARD], host[IN_GUARD + size:]])
+    value = _poison_value(host.dtype)
+    return not (np.isnan(margins).all() if np.isnan(value) else (margins == value).all())
+
+
+@contextmanager
+def _unrecorded():
+    saved = list(gpu._recorders)
+    gpu._recorders.clear()
+    try:
+        yield
+    finally:
+        gpu._recorders[:] = saved
 
 
 def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dict,
                arrays: str = "host") -> np.ndarray:
-    """Call one layer function (or a fused conv group's) the way the engine does, on a NaN-poisoned output; the
-    output on the host. Whatever the function raises comes through."""
+    """Call one layer function (or a fused conv group's) the way the engine does, on a NaN-poisoned output and on
+    inputs with NaN margins either side (``IN_GUARD``); the output on the host. Whatever the function raises comes
+    through; a write past the end of ``out``, and a read or a write outside an input, raise IndexError saying so."""
     group = layer if isinstance(layer, tuple) else (layer,)
     weights = layers.with_biases(group, weights)
-    out = np.full(layers.group_output_shape(group, x.shape, weights), np.nan, np.float32)
+    shape = layers.group_output_shape(group, x.shape, weights)
+    inputs = {"x": x, **weights}
+    device = arrays == "device"
 
     def arguments(x, w, o):
         return layers.fused_args(group, x, w, o) if len(group) > 1 else layers.args(group[0], x, w, o)
 
-    with gpu.poisoned():
-        if arrays == "device":
-            xd, wd = gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}
+    def call(poison_margins: bool) -> np.ndarray:
+        guarded = {k: _with_margins(v, device, poison_margins) for k, v in inputs.items()}
+        views = {k: view for k, (_, view) in guarded.items()}
+        xv = views.pop("x")
+        size = int(np.prod(shape))
+        if device:
             # out is the front of a longer NaN buffer: a GPU does not check bounds, so a thread without a guard
             # writes past the end unseen unless something there is looked at afterwards
-            whole = gpu.to_device(np.full(out.size + OUT_GUARD, np.nan, np.float32))
-            outd = whole[:out.size].reshape(out.shape)
-            fn(*arguments(xd, wd, outd))
-            past = np.count_nonzero(~np.isnan(gpu.as_host(whole)[out.size:]))
+            whole = gpu.to_device(np.full(size + OUT_GUARD, np.nan, np.float32))
+            outd = whole[:size].reshape(shape)
+            fn(*arguments(xv, views, outd))
+            past = np.count_nonzero(~np.isnan(gpu.as_host(whole)[size:]))
             if past:
-                raise IndexError(f"{past} value(s) written out of bounds, past the end of out ({out.size} elements): "
+                raise IndexError(f"{past} value(s) written out of bounds, past the end of out ({size} elements): "
                                  f"a thread without a guard (if t < out.size)?")
-            return gpu.as_host(outd)
-        fn(*arguments(x.copy(), {k: v.copy() for k, v in weights.items()}, out))
-    return out
+            got = gpu.as_host(outd)
+        else:
+            got = np.full(shape, np.nan, np.float32)
+            fn(*arguments(xv, views, got))
+        hit = [k for k, (whole, _) in guarded.items() if poison_margins and _margins_changed(whole, inputs[k].size)]
+        if hit:
+            raise IndexError(f"written outside its input ({', '.join(hit)}): the NaN margins around it changed; an "
+                             f"index before the first element or past the last?")
+        return got
+
+    with gpu.poisoned():
+        got = call(poison_margins=True)
+        unwritten = int(np.count_nonzero(np.isnan(got)))
+        if unwritten:  # NaN left in out, or read from the margins? The same call with zeros there tells them apart
+            with _unrecorded():  # a diagnosis, not part of the call: its launches and copies are not counted
+                read = unwritten - int(np.count_nonzero(np.isnan(call(poison_margins=False))))
+            if read > 0:
+                raise IndexError(f"read outside its input: {read} of {got.size} output elements are NaN because "
+                                 f"the kernel read the NaN margins before or after x, w or b (with zeros there they "
+                                 f"are numbers): a window or an index past an input's first or last element "
+                                 f"(the padding ignored, a bounds test missing?)")
+    return got
 
 
 def clock_method(variant: Variant) -> str:

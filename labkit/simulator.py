@@ -10,12 +10,26 @@ which caps CPU runs at a few images.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from .nets import Layer, Net, get_net
 
-#: batch sizes of a self-check of GPU code on the simulator: three, one of them odd and above 4 (a grid that is
-#: right only for some batch sizes must fail here)
-BATCHES = (1, 3, 5)
+#: the widest tile any of the kit's kernels covers on the simulator along one extent of a map or of the maps: stage 05's
+#: 16 x 16 output tiles (07's and 08's matmul tiles are 8 x 8 there, the 1-D launches' blocks cover flat indices).
+#: The checks' shapes below are drawn from it, and tests/test_boundaries.py records every launch of every stage's
+#: checks to hold it to that: a kernel whose block edge exceeds it fails there, so a wider tile raises this first.
+TILE = 16
+#: images a kernel might cover in one block row or a student might cap a grid at ("a few dozen"): the widest tile,
+#: twice, and a remainder
+GRID_ROW = 2 * TILE
+#: batch sizes of a self-check of one layer of GPU code on the simulator, each with a shape of its own (``case``):
+#: 1 the base shape (the counts tables and the notebooks' worked example use it), 2 many output maps, 3 maps wider
+#: and taller than a tile, and more images than a grid row (odd and above 4: a grid that is right only for some
+#: batch sizes fails there)
+BATCHES = (1, 2, 3, GRID_ROW + 3)
+#: batch sizes of a whole-network check on the simulator: the layers crossed every boundary in their own checks,
+#: the chain is about what passes between them
+NETWORK_BATCHES = (1, 3)
 #: at most this many maps per conv layer (conv checks use one more output map than input maps: M != C)
 MAX_CHANNELS = 4
 #: fc layers get at most this many input features
@@ -68,20 +82,59 @@ def net_for(spec: str | Net, target: str) -> Net:
     return net(spec) if shrinks(target) else get_net(spec)
 
 
-def layer_input_shape(spec: Net, layer: Layer) -> tuple[int, ...]:
-    """Input shape (no batch axis) of a shrunk single-layer check: odd sizes, height != width."""
+@dataclass(frozen=True)
+class Shape:
+    """One shrunk single-layer case: input maps (at most), output maps of a conv (at most), and the conv's output
+    rows and columns (None: the base shape's). Each case but the base crosses a boundary of its own."""
+
+    name: str
+    maps: int
+    outputs: int | None = None  # None: one more than the input maps, so M != C
+    rows: int | None = None
+    cols: int | None = None
+
+
+#: batch size -> the case it checks (``BATCHES``). Each kernel of stages 02-09 runs, across these, more than one
+#: block in every dimension of its grid, with a remainder: maps of TILE + 3 x TILE + 5 outputs cross a tile in rows
+#: and columns (and a 1-D block of 128 along a map's pixels; its pooled outputs, a second 1-D block); TILE + 3
+#: output maps cross a matmul's M tiles; one input map makes the reduction C * K * K = K * K (25), a whole tile and a
+#: remainder of 8 or of 16; GRID_ROW + 3 images on 2 x 3 outputs (the cheapest map that still pools) cross an image
+#: grid capped at a few dozen. Few maps where the case is not about maps: the simulator's cost is its threads.
+CASES = {
+    1: Shape("base", MAX_CHANNELS),
+    2: Shape("output maps", 1, outputs=TILE + 3),
+    3: Shape("tiles", 2, outputs=1, rows=TILE + 3, cols=TILE + 5),
+    GRID_ROW + 3: Shape("images", 1, outputs=1, rows=2, cols=3),
+}
+
+
+def case(batch: int) -> Shape:
+    """The case a batch size checks (a batch size not in ``CASES``: the base shape)."""
+    return CASES.get(batch, CASES[1])
+
+
+def layer_input_shape(spec: Net, layer: Layer, batch: int = 1) -> tuple[int, ...]:
+    """Input shape (no batch axis) of a shrunk single-layer check at ``batch`` images (``case``): odd sizes,
+    height != width."""
     shape = spec.input_shape_of(layer.name)
-    if len(shape) == 3:
-        c = min(shape[0], MAX_CHANNELS)
-        k = layer.kernel or 2
+    if len(shape) != 3:
+        return (min(shape[0], FEATURES),)
+    shrink = case(batch)
+    c = min(shape[0], shrink.maps)
+    k = layer.kernel or 2
+    if shrink.rows is None:
         h, w = (max(k + 4, 7), max(k + 2, 6)) if not layer.pad else (7, 6)
         return (c, h, w)
-    return (min(shape[0], FEATURES),)
+    if layer.kind != "conv":  # an activation's or a pool's input is a conv's output
+        return (c, shrink.rows, shrink.cols)
+    return (c, *((n - 1) * layer.stride + k - 2 * layer.pad for n in (shrink.rows, shrink.cols)))
 
 
-def layer_outputs(layer: Layer) -> int:
-    """Output maps of a shrunk conv check: one more than its input maps, so M != C."""
-    return min(layer.out, MAX_CHANNELS + 1)
+def layer_outputs(layer: Layer, batch: int = 1) -> int:
+    """Output maps of a shrunk conv check at ``batch`` images: the case's count, never more than the layer has (the
+    base case: one more than its most input maps, so M != C)."""
+    shrink = case(batch)
+    return min(layer.out, MAX_CHANNELS + 1 if shrink.outputs is None else shrink.outputs)
 
 
 def images(n: int, target: str) -> int:

@@ -102,3 +102,76 @@ def conv_grid_bug(x, w, b, out, pad, stride):
     N, M, Ho, Wo = out.shape
     gpu.launch_grid(_four_images_per_block_row, (gpu.blocks(M * Ho * Wo), max(N // 4, 1)), gpu.TPB,
                     x, w, b, out, pad, stride)
+
+
+# ------------------------------------------------------------------ the stages' own kernels, one line wrong
+
+def patched_stage(stage: str, old: str, new: str, solutions=None) -> dict:
+    """The kernel cells of the kit's solution of ``stage`` with ``old`` replaced by ``new`` (it must occur exactly
+    once, so a solution that changed fails the test that relies on it instead of testing nothing), executed in a
+    fresh namespace as ``labkit.nbcells.load`` executes them."""
+    import linecache
+    from pathlib import Path
+
+    from labkit import nbcells, stages
+
+    path = Path(solutions or stages.solutions_folder()) / stages.STAGES[stage].notebook
+    cells = nbcells.tagged_cells(nbcells.read(path))
+    found = [i for i, (_, src) in enumerate(cells) if old in src]
+    total = sum(src.count(old) for _, src in cells)
+    if total != 1:
+        raise AssertionError(f"{path.name}: {old!r} occurs {total} times in the kernel cells, not once")
+    ns = {"__name__": f"patched_{stage}"}
+    for k, (index, src) in enumerate(cells):
+        if k == found[0]:
+            src = src.replace(old, new)
+        filename = f"<patched {path.name} cell {index}>"
+        linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
+        exec(compile(src, filename, "exec"), ns)  # noqa: S102 - the kit's own solution, one line changed
+    return ns
+
+
+#: kernels of the stages wrong only past a boundary that one tile, one block row or a few images never reach: (stage,
+#: variant, the solution's text, the wrong text, what is wrong, the case of ``labkit.simulator.CASES`` that crosses
+#: that boundary). Each is the stage's solution with that one edit.
+BOUNDARY_BUGS = {
+    "02 block per map, one pass of the block": (
+        "02", "gpu_block_per_map",
+        "for e in range(cuda.threadIdx.x, Ho * Wo, cuda.blockDim.x):",
+        "for e in range(cuda.threadIdx.x, min(Ho * Wo, cuda.blockDim.x), cuda.blockDim.x):",
+        "a block's threads cover one pass of a map (a map of more pixels than threads is left unwritten)", "tiles"),
+    "02 grid capped at 32 images": (
+        "02", "gpu_block_per_map",
+        "(conv_block_per_map_kernel, (M, N),", "(conv_block_per_map_kernel, (M, min(N, 32)),",
+        "grid y capped at 32 images", "images"),
+    "04 pad launch capped at 32 images": (
+        "04", "batched_padded",
+        "lk.gpu.launch(pad_kernel, xp.size, x, xp, pad)",
+        "lk.gpu.launch(pad_kernel, min(N, 32) * C * (H + 2 * pad) * (W + 2 * pad), x, xp, pad)",
+        "the pad kernel's launch covers at most 32 images", "images"),
+    "05 tile loader without the column offset": (
+        "05", "tiled_16",
+        "r, q = row0 + e // IN - pad, col0 + e % IN - pad",
+        "r, q = row0 + e // IN - pad, e % IN - pad",
+        "the input tile is loaded from the first tile column whatever the block's column", "tiles"),
+    "05 grid capped at 32 images": (
+        "05", "tiled_8",
+        "(tiles, M, N), (T, T)", "(tiles, M, min(N, 32)), (T, T)",
+        "grid z capped at 32 images", "images"),
+    "07 matmul without the M-tile offset": (
+        "07", "unroll_tiled",
+        "m, col, n = cuda.blockIdx.y * T + ty,", "m, col, n = ty,",
+        "every block row computes the first tile of output maps", "output maps"),
+    "07 matmul without the K remainder": (
+        "07", "unroll_tiled",
+        "for k0 in range(0, KK, T):", "for k0 in range(0, KK - T + 1, T):",
+        "the K loop stops at the last whole tile", "output maps"),
+    "08 implicit GEMM without the M-tile offset": (
+        "08", "implicit_gemm",
+        "m, col, n = cuda.blockIdx.y * T + ty,", "m, col, n = ty,",
+        "every block row computes the first tile of output maps", "output maps"),
+    "09 pooled kernel without the block offset": (
+        "09", "pooled",
+        "t = cuda.grid(1)\n        if t < N * Ho * Wo:", "t = cuda.threadIdx.x\n        if t < N * Ho * Wo:",
+        "the thread index within its block taken for the global one: the second block redoes the first", "tiles"),
+}

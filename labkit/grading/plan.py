@@ -68,7 +68,7 @@ class StagePlan:
     @staticmethod
     def network_batches(target: str) -> tuple[int, ...]:
         """Batch sizes of the whole-network check, as ``labkit.check.check_network`` uses them."""
-        return tuple(simulator.BATCHES) if simulator.shrinks(target) else tuple(check.NETWORK_BATCHES)
+        return tuple(simulator.NETWORK_BATCHES) if simulator.shrinks(target) else tuple(check.NETWORK_BATCHES)
 
     def accuracy_runs(self) -> list[tuple[str, str, int, str]]:
         """(variant, net, images asked for, target) of every accuracy run."""

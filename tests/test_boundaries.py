@@ -1,0 +1,193 @@
+"""The simulator's check shapes cross every boundary of the stages' kernels: a second tile, a second block, the
+M-tile offset, the K remainder, a grid capped at a few dozen images. Each wrong kernel here is the stage's own
+solution with one line changed (tests/buggy_kernels.py: BOUNDARY_BUGS); it passes the base case, where a map fits
+one tile and a batch one block row, and fails the case of ``labkit.simulator.CASES`` that crosses its boundary."""
+
+import re
+
+import numpy as np
+import pytest
+
+from labkit import check, device, engine, gpu, simulator, stages
+from labkit.layers import groups, impl_for, kernel_layers
+from labkit.nets import get_net
+
+from buggy_kernels import BOUNDARY_BUGS, patched_stage
+
+pytestmark = pytest.mark.skipif(device.is_gpu(), reason="the simulator's shapes; a GPU checks the real layers")
+
+#: bugs the base case sees too (its reduction C * K * K = 100 is 12 tiles of 8 and a remainder of 4)
+SEEN_IN_BASE = {"07 matmul without the K remainder"}
+
+
+def batch_of(case_name: str) -> int:
+    return next(b for b, shape in simulator.CASES.items() if shape.name == case_name)
+
+
+def conv_check(variant, batches):
+    """The check the self-check and the grader run on cifar10's conv2 (with its activation and pool when the variant
+    fuses them), at ``batches``."""
+    net = get_net("cifar10")
+    group = next(g for g in groups(kernel_layers(net), variant.fuse) if g[0].name == "conv2")
+    fn = impl_for(variant.impls, group[0])
+    if len(group) > 1:
+        return check.check_group(fn, net, group, arrays=variant.arrays, batches=batches, quiet=True)
+    return check.check_layer(fn, net, "conv2", arrays=variant.arrays, batches=batches, quiet=True)
+
+
+@pytest.mark.parametrize("bug", list(BOUNDARY_BUGS))
+def test_a_kernel_wrong_only_past_a_boundary_fails_the_case_that_crosses_it(bug):
+    stage, name, old, new, what, case_name = BOUNDARY_BUGS[bug]
+    variant = patched_stage(stage, old, new)["VARIANTS"][name]
+    if bug not in SEEN_IN_BASE:
+        base = conv_check(variant, (1,))
+        assert base.passed, f"{bug}: meant to be wrong only past a boundary, but the base case fails: {base}"
+    batch = batch_of(case_name)
+    r = conv_check(variant, (batch,))
+    assert not r.passed, f"{bug} ({what}) passed the {case_name!r} case at batch {batch}"
+    if "32 images" in what:  # the first wrong element is in an image past the cap (a block may cover a few more)
+        first = re.search(r"out\[(\d+), ", r.detail)
+        assert first and int(first.group(1)) >= 32, r.detail
+
+
+def test_each_case_crosses_its_boundary():
+    """The shapes themselves: maps wider and taller than TILE with remainders, more output maps than TILE, more
+    images than a grid row, and a reduction of a tile and a remainder."""
+    net, t = get_net("cifar10"), simulator.TILE
+    conv2 = net.layer("conv2")
+    rng = np.random.default_rng(0)
+    by_name = {shape.name: batch for batch, shape in simulator.CASES.items()}
+    tiles = check.layer_case(net, "conv2", by_name["tiles"], rng)
+    _, _, ho, wo = tiles.expected.shape
+    assert ho > t and wo > t and ho % t and wo % t and ho % 8 and wo % 8 and ho != wo
+    maps = check.layer_case(net, "conv2", by_name["output maps"], rng)
+    m, c, k, _ = maps.weights["conv2.weight"].shape
+    assert m > t and m % 8 and (c * k * k) > t and (c * k * k) % t and (c * k * k) % 8
+    images = check.layer_case(net, "conv2", by_name["images"], rng)
+    assert images.x.shape[0] > simulator.GRID_ROW and images.x.shape[0] % 2
+    assert by_name["base"] == 1 and simulator.layer_input_shape(net, conv2) == (4, 7, 6), \
+        "the base case is batch 1 (the counts tables and the notebooks' worked example use it)"
+    assert set(simulator.BATCHES) == set(simulator.CASES)
+
+
+def _launch_configs(monkeypatch, fn, group, arrays: str) -> dict:
+    """kernel name -> every (grid, block) it was launched with over the check's cases; the kernels do not run (the
+    launch is recorded, not made), so this costs what the host code costs."""
+    seen: dict = {}
+
+    def record(kernel, grid, block, *args, shared_bytes=0):
+        gpu.refuse_stub(kernel)
+        dims = (gpu._dims(grid), gpu._dims(block))
+        seen.setdefault(gpu.kernel_name(kernel), []).append(dims)
+
+    monkeypatch.setattr(gpu, "launch_grid", record)
+    net = get_net("cifar10")
+    rng = np.random.default_rng(0)
+    for batch in simulator.BATCHES:
+        case = check.group_case(net, group, batch, rng) if len(group) > 1 else \
+            check.layer_case(net, group[0].name, batch, rng)
+        engine.call_layer(fn, case.layer, case.x, case.weights, arrays)
+    return seen
+
+
+@pytest.mark.parametrize("stage", ["02", "04", "05", "06", "07", "08", "09"])
+def test_every_kernel_of_every_stage_runs_more_than_one_block_in_every_grid_dimension(monkeypatch, stage):
+    """Derived from the launches themselves: over the check's cases, each conv kernel of each stage's variants is
+    launched with at least two blocks along every dimension of its grid, and no edge of a 2-D or 3-D block is wider
+    than ``simulator.TILE`` (a wider tile needs a larger TILE first, or its second tile is never reached)."""
+    net = get_net("cifar10")
+    found = stages.load_variants(stages.solutions_folder() / stages.STAGES[stage].notebook)
+    checked = 0
+    for name, variant in found.items():
+        if variant.target != "gpu" or variant.unavailable() or "cifar10" not in variant.nets:
+            continue
+        group = next(g for g in groups(kernel_layers(net), variant.fuse) if g[0].name == "conv2")
+        seen = _launch_configs(monkeypatch, impl_for(variant.impls, group[0]), group, variant.arrays)
+        assert seen, f"{stage} {name}: its conv launched no kernel"
+        for kernel, configs in seen.items():
+            rank = max(len(grid) for grid, _ in configs)
+            most = [max((grid + (1,) * rank)[d] for grid, _ in configs) for d in range(rank)]
+            assert all(n >= 2 for n in most), f"{stage} {name}: {kernel} never has two blocks along a grid " \
+                                              f"dimension: the most blocks per dimension were {most}"
+            for _, block in configs:
+                if len(block) > 1:
+                    assert max(block) <= simulator.TILE, f"{kernel}: block {block} is wider than simulator.TILE"
+        checked += 1
+    assert checked, f"stage {stage} has no simulated GPU variant to look at"
+
+
+# ---------------------------------------------------------------------------- reads outside a layer's input
+
+def test_inputs_are_views_into_nan_margins(rng):
+    """What a checked layer is handed: contiguous arrays of the expected shape, NaN on either side of each."""
+    seen = {}
+
+    def spy(x, w, b, out, pad, stride):
+        seen.update(x=x, w=w, b=b)
+        out[...] = lk_conv(x, w, b, pad, stride)
+
+    case = check.layer_case("cifar10", "conv2", 3, rng, target="cpu")
+    got = engine.call_layer(spy, case.layer, case.x, case.weights, "host")
+    np.testing.assert_allclose(got, case.expected, rtol=1e-4, atol=1e-4)
+    for name, a in seen.items():
+        assert a.flags.c_contiguous and a.base is not None, name
+        flat = a.base.reshape(-1)
+        start = engine.IN_GUARD
+        assert np.isnan(flat[:start]).all() and np.isnan(flat[start + a.size:]).all(), name
+        assert np.isfinite(flat[start:start + a.size]).all(), name
+
+
+def lk_conv(x, w, b, pad, stride):
+    from labkit import reference
+
+    return reference.conv2d(x, w, b, pad, stride, accumulate="float64")
+
+
+def _no_bounds_test():
+    """A CPU conv whose windows ignore the padding: rows past the image's last are read as if they were there."""
+    from numba import njit
+
+    @njit
+    def conv(x, w, b, out, pad, stride):
+        N, M, Ho, Wo = out.shape
+        C, K = x.shape[1], w.shape[2]
+        for n in range(N):
+            for m in range(M):
+                for i in range(Ho):
+                    for j in range(Wo):
+                        acc = b[m]
+                        for c in range(C):
+                            for p in range(K):
+                                for q in range(K):
+                                    r, s = i * stride + p - pad, j * stride + q - pad
+                                    if 0 <= s < x.shape[3]:  # columns tested, rows not: the last rows read on
+                                        acc += x[n, c, r, s] * w[m, c, p, q]
+                        out[n, m, i, j] = acc
+
+    return conv
+
+
+def test_a_window_read_past_the_input_fails_saying_it_read_outside_its_input():
+    """The last image's last rows read past the end of x: into the NaN margin, so the output is NaN there, and the
+    check says the kernel read outside its input rather than that it left elements unwritten."""
+    r = check.check_layer(_no_bounds_test(), "cifar10", "conv1", target="cpu", batches=(1,), quiet=True)
+    assert not r.passed and "read outside its input" in r.detail, r
+
+
+def test_a_write_outside_an_input_fails():
+    """A CPU relu that also writes one row past its input's last (numba does not test bounds): the margin after x
+    changes, and the check says so."""
+    from numba import njit
+
+    @njit
+    def relu_writing_past_x(x, out):
+        N, C, H, W = x.shape
+        for n in range(N):
+            for c in range(C):
+                for i in range(H):
+                    for j in range(W):
+                        out[n, c, i, j] = max(x[n, c, i, j], 0.0)
+        x[N - 1, C - 1, H, 0] = 0.0  # the element after x's last
+
+    r = check.check_layer(relu_writing_past_x, "cifar10", "relu1", target="cpu", batches=(1,), quiet=True)
+    assert not r.passed and "written outside its input (x)" in r.detail, r
