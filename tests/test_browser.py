@@ -38,7 +38,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 # This machine's closed network (and CI's) refuses Chromium's background connections: switch them all off.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = {"student": "01-student-self-check.png", "solution": "01-solution-plot.png"}  # names docs/ refer to
+SHOTS = {"student": "01-student-self-check.png", "solution": "01-solution-plot.png",  # names docs/ refer to
+         "show": "05-student-lk-show.png"}
 RUN_TIMEOUT_MS = 600_000  # Run All of one notebook; ~10 s for the student copy, ~30 s for the solution on 2 cores
 
 # What counts as an error output. An output on the page is an error when it is
@@ -373,4 +374,30 @@ def test_solution_notebook_passes_its_self_check_and_draws_its_plot(browser, tmp
         plot = cell_index(REPO / "solutions" / NOTEBOOK, "lk.plots.layer_bars")
         assert page_cells[plot]["images"] == 1, page_cells[plot]
         panel.locator(".jp-Notebook .jp-Cell").nth(plot).screenshot(path=shots / SHOTS["solution"])
+        page.close()
+
+
+SHOW_NOTEBOOK = "05_shared_memory.ipynb"
+SHOW_CELL = 'lk.show(conv_padded, kernel="conv_padded_kernel")'
+
+
+def test_lk_show_draws_what_a_thread_touches_in_a_student_notebook(browser, tmp_path, shots):
+    """lk.show in the student copy of stage 05, on the given code it starts from (stage 04's conv): the figure is on
+    the page as an image. The notebook is cut to its given-code cell and the lk.show cell, so the test stays short."""
+    clone = copy_like_a_clone(tmp_path, REPO / "notebooks", only=SHOW_NOTEBOOK)
+    path = clone / "notebooks" / SHOW_NOTEBOOK
+    nb = nbformat.read(path, as_version=4)
+    given = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "lk.from_stage(" in c.source)
+    nb.cells = [nb.cells[given], nbformat.v4.new_markdown_cell("What one thread of the given conv touches:"),
+                nbformat.v4.new_code_cell(SHOW_CELL)]
+    nbformat.write(nb, path)
+    with lab_server(clone, tmp_path) as (url, token, _):
+        page = open_lab(browser, url, token)
+        panel = open_and_run_all(page, SHOW_NOTEBOOK, shots)
+        page_cells = cells(panel)
+        errors = error_outputs(page_cells)
+        assert not errors, "error outputs:\n" + "\n".join(errors)
+        assert page_cells[-1]["prompt"].startswith("[") and page_cells[-1]["images"] == 1, page_cells[-1]
+        assert text_of(page_cells[-1]) == "", "the figure comes alone, not beside a printed repr"
+        panel.locator(".jp-Notebook .jp-Cell").nth(len(page_cells) - 1).screenshot(path=shots / SHOTS["show"])
         page.close()

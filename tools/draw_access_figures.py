@@ -9,7 +9,8 @@ figure. The figures show which elements threads read and write, never code.
     python tools/draw_access_figures.py --insert       # put each figure's reference into its task's spec cell in
                                                        # solutions/ (idempotent); then run tools/make_student.py
     python tools/draw_access_figures.py --docs         # the pictures docs/ shows, into docs/img/: three task figures
-                                                       # and two "yours vs the spec" pictures of wrong kernels
+                                                       # (redrawn) and two "yours vs the spec" pictures of wrong
+                                                       # kernels, made through the self-check's FAIL hint
 
 Tasks without a figure: CPU code (02 tasks 1-2), no kernel of their own (03's wrapper, 04 task 3's job, 05 and 07
 task 3's predictions, 09 task 4's search space), and CUDA C that only a GPU runs (06 task 2 and 09 task 2 have the
@@ -267,7 +268,8 @@ def draw_scene(scene: Scene, recordings):
         launch = rec.launch(scene.kernel)
         items.append((launch, selection(scene, rec, launch), label))
     c = recordings[0][1].case
-    case = (f"drawn from the kit's solution on one {c['C']}-channel {c['H']}×{c['W']} image, {c['M']} maps of "
+    case = (f"drawn from the kit's solution on one {c['C']}-channel {c['H']}×{c['W']} image, {c['M']} map"
+            f"{'s' * (c['M'] != 1)} of "
             f"{c['K']}×{c['K']}, pad {c['pad']}" + (f", pool {c['pool']}" if c.get("pool") else "") +
             " (a small launch on the simulator)")
     return draw.stacked_figure(items, title=_wrap(title, 118), budget=scene.budget, most_epochs=scene.most_epochs,
@@ -416,7 +418,7 @@ def main(argv=None) -> int:
     if unknown:
         print(f"no figure named {', '.join(unknown)}; figures: {', '.join(known)}")
         return 2
-    scenes = [known[n] for n in args.names] or SCENES
+    scenes = [known[n] for n in args.names] or ([known[n] for n in DOCS_FIGURES] if args.docs else SCENES)
     if args.list:
         from labkit.stages import STAGES
 
