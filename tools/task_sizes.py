@@ -37,7 +37,7 @@ def sizes(path: Path) -> dict:
         if cell.cell_type == "markdown":
             close()
             headings = [ln[3:] for ln in cell.source.splitlines() if ln.startswith("## ")]
-            title = headings[-1][:28] if headings else title
+            title = (headings[-1] if len(headings[-1]) <= 30 else headings[-1][:29].rstrip() + "…") if headings else title
             lines, parts = 0, [int(n) for n in PART.findall(cell.source)]
         else:
             lines += sum(int(n) for n in STUB.findall(cell.source))
