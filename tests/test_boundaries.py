@@ -13,8 +13,9 @@ from labkit.layers import groups, impl_for, kernel_layers
 from labkit.nets import get_net
 
 from buggy_kernels import BOUNDARY_BUGS, patched_stage
+from numba import cuda  # noqa: E402  (after labkit, which makes a late NUMBA_ENABLE_CUDASIM count)
 
-pytestmark = pytest.mark.skipif(device.is_gpu(), reason="the simulator's shapes; a GPU checks the real layers")
+simulated = pytest.mark.skipif(device.is_gpu(), reason="the simulator's shapes; a GPU checks the real layers")
 
 #: bugs the base case sees too (its reduction C * K * K = 100 is 12 tiles of 8 and a remainder of 4)
 SEEN_IN_BASE = {"07 matmul without the K remainder"}
@@ -35,6 +36,7 @@ def conv_check(variant, batches):
     return check.check_layer(fn, net, "conv2", arrays=variant.arrays, batches=batches, quiet=True)
 
 
+@simulated
 @pytest.mark.parametrize("bug", list(BOUNDARY_BUGS))
 def test_a_kernel_wrong_only_past_a_boundary_fails_the_case_that_crosses_it(bug):
     stage, name, old, new, what, case_name = BOUNDARY_BUGS[bug]
@@ -50,6 +52,7 @@ def test_a_kernel_wrong_only_past_a_boundary_fails_the_case_that_crosses_it(bug)
         assert first and int(first.group(1)) >= 32, r.detail
 
 
+@simulated
 def test_each_case_crosses_its_boundary():
     """The shapes themselves: maps wider and taller than TILE with remainders, more output maps than TILE, more
     images than a grid row, and a reduction of a tile and a remainder."""
@@ -90,6 +93,7 @@ def _launch_configs(monkeypatch, fn, group, arrays: str) -> dict:
     return seen
 
 
+@simulated
 @pytest.mark.parametrize("stage", ["02", "04", "05", "06", "07", "08", "09"])
 def test_every_kernel_of_every_stage_runs_more_than_one_block_in_every_grid_dimension(monkeypatch, stage):
     """Derived from the launches themselves: over the check's cases, each conv kernel of each stage's variants is
@@ -191,3 +195,22 @@ def test_a_write_outside_an_input_fails():
 
     r = check.check_layer(relu_writing_past_x, "cifar10", "relu1", target="cpu", batches=(1,), quiet=True)
     assert not r.passed and "written outside its input (x)" in r.detail, r
+
+
+@cuda.jit
+def _relu_of_the_next_element(x, out):
+    t = cuda.grid(1)
+    if t < out.size:
+        out[t] = max(x[t + 1], 0.0)  # for the last t: x[x.size], one past the last element
+
+
+def test_a_device_kernel_reading_one_past_its_input_fails():
+    """One element past the end of x: on a GPU it lies in the NaN margin (no bounds test there), and the check says
+    the kernel read outside its input; on the simulator numpy's bounds test raises first. Either way: FAIL."""
+
+    def relu(x, out):
+        gpu.launch(_relu_of_the_next_element, out.size, gpu.flat(x), gpu.flat(out))
+
+    r = check.check_layer(relu, "cifar10", "relu1", arrays="device", batches=(1,), quiet=True)
+    assert not r.passed
+    assert ("read outside its input" if device.is_gpu() else "IndexError") in r.detail, r
