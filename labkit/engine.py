@@ -2,7 +2,8 @@
 
 It puts the inputs and weights where the variant wants them (host, or the GPU once per run), allocates every
 layer's output outside the timed region (device outputs come from a pool, so a timing never includes
-``cudaMalloc``), fills outputs *and intermediates* with NaN when checking, times each layer with a ``Clock``
+``cudaMalloc``), fills outputs *and intermediates* with NaN when checking (and hands a checked layer its inputs
+inside NaN margins), times each layer with a ``Clock``
 (CUDA events for GPU code on a GPU, ``perf_counter`` otherwise), runs layers without a function on the numpy
 reference, launches per image when the variant says so, and records to the ledger when asked. The self-checks,
 ``lk.run``, the bench and the grader's child all call it; nothing else walks the layers.
