@@ -582,7 +582,7 @@ def test_batch_sizes_come_from_one_place(tmp_path):
     assert plan().network_batches("cpu") == check.NETWORK_BATCHES
     if simulator.shrinks("gpu"):  # GPU code on the simulator is checked at the simulator's sizes, whatever is asked
         assert plan("[checks]\nbatches = [2, 7]\n").layer_batches("gpu") == simulator.BATCHES
-        assert plan().network_batches("gpu") == simulator.BATCHES
+        assert plan().network_batches("gpu") == simulator.NETWORK_BATCHES
     else:
         assert plan("[checks]\nbatches = [2, 7]\n").layer_batches("gpu") == (2, 7)
         assert plan().network_batches("gpu") == check.NETWORK_BATCHES

@@ -475,7 +475,7 @@ KINDS: dict[str, Kind] = {
     "out_of_bounds": Kind(out_of_bounds, "no thread guard: spare threads read past the end", "fail",
                           ("out of bounds",), True),
     "grid": Kind(grid, "grid y = max(N // 4, 1), four images per block row", "fail",
-                 ("batch size 5", "only images 0 to 3"), True),
+                 ("batch size 35", "only images 0 to 31"), True),  # labkit.simulator.BATCHES[-1]: 35 images
     "cached": Kind(cached, "first result per shape cached and handed back", "fail", ("cached",), None),
     "nhwc": Kind(nhwc, "right values written in NHWC order", "fail", ("NHWC",), True),
     "float64_elsewhere": Kind(float64_elsewhere, "float64 result in a buffer of its own, out never written",
