@@ -27,38 +27,36 @@ NEEDS = {"sum_channels": ("load_window", "add_channel")}
 
 HARNESS = r"""
 extern "C" {
+// each harness copies through one flat index k, so that no line of it is a line of the kernel's steps
 #if WSHARED  // the harnesses' weights: given already laid out [c][p][q][m] (shared), or in c_w (constant)
 #define STEP_WEIGHTS(wl) __shared__ wvec ws[C * K * K * MG / VEC]; \
-    for (int i = threadIdx.x; i < C * K * K * MG; i += blockDim.x) ws[i / VEC].v[i % VEC] = wl[i]; \
+    for (int k = threadIdx.x; k < C * K * K * MG; k += blockDim.x) ws[k / VEC].v[k % VEC] = wl[k]; \
     __syncthreads();
 #else
 #define STEP_WEIGHTS(wl) const wvec* ws = nullptr;
 #endif
+#define SUMS (MG * TR * TC)
+#define GET_SUMS(src) for (int k = 0; k < SUMS; ++k) acc[k / (TR * TC)][k / TC % TR][k % TC] = src[t * SUMS + k];
+#define PUT_SUMS(dst) for (int k = 0; k < SUMS; ++k) dst[t * SUMS + k] = acc[k / (TR * TC)][k / TC % TR][k % TC];
 
 __global__ void step_load_window(const float* x, const int* corners, float* out, int count) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= count) return;
     float v[WR][WC];
     load_window(x, corners[2 * t], corners[2 * t + 1], v);
-    for (int p = 0; p < WR; ++p)
-        for (int q = 0; q < WC; ++q) out[(t * WR + p) * WC + q] = v[p][q];
+    for (int k = 0; k < WR * WC; ++k) out[t * WR * WC + k] = v[k / WC][k % WC];
 }
 
 __global__ void step_add_channel(const float* windows, const float* wl, float* sums, int c, int count) {
     STEP_WEIGHTS(wl)
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= count) return;
-    float v[WR][WC], acc[MG][TR][TC];
-    for (int p = 0; p < WR; ++p)
-        for (int q = 0; q < WC; ++q) v[p][q] = windows[(t * WR + p) * WC + q];
-    for (int m = 0; m < MG; ++m)
-        for (int i = 0; i < TR; ++i)
-            for (int j = 0; j < TC; ++j) acc[m][i][j] = sums[((t * MG + m) * TR + i) * TC + j];
+    float win[WR][WC], acc[MG][TR][TC];
+    for (int k = 0; k < WR * WC; ++k) win[k / WC][k % WC] = windows[t * WR * WC + k];
+    GET_SUMS(sums)
     wvec wv;
-    add_channel(v, ws, c, wv, acc);
-    for (int m = 0; m < MG; ++m)
-        for (int i = 0; i < TR; ++i)
-            for (int j = 0; j < TC; ++j) sums[((t * MG + m) * TR + i) * TC + j] = acc[m][i][j];
+    add_channel(win, ws, c, wv, acc);
+    PUT_SUMS(sums)
 }
 
 __global__ void step_stage_weights(const float* w, float* out, int m0) {
@@ -66,7 +64,7 @@ __global__ void step_stage_weights(const float* w, float* out, int m0) {
     __shared__ wvec ws[C * K * K * MG / VEC];
     stage_weights(w, m0, ws);
     __syncthreads();
-    for (int i = threadIdx.x; i < C * K * K * MG; i += blockDim.x) out[i] = ws[i / VEC].v[i % VEC];
+    for (int k = threadIdx.x; k < C * K * K * MG; k += blockDim.x) out[k] = ws[k / VEC].v[k % VEC];
 #endif
 }
 
@@ -75,25 +73,18 @@ __global__ void step_sum_channels(const float* x, const float* wl, const int* co
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= count) return;
     float acc[MG][TR][TC], v[WR][WC], next[WR][WC];
-    for (int m = 0; m < MG; ++m)
-        for (int i = 0; i < TR; ++i)
-            for (int j = 0; j < TC; ++j) acc[m][i][j] = 0.0f;
+    for (int k = 0; k < SUMS; ++k) acc[k / (TR * TC)][k / TC % TR][k % TC] = 0.0f;
     wvec wv;
     sum_channels(x, corners[2 * t], corners[2 * t + 1], ws, v, next, wv, acc);
-    for (int m = 0; m < MG; ++m)
-        for (int i = 0; i < TR; ++i)
-            for (int j = 0; j < TC; ++j) sums[((t * MG + m) * TR + i) * TC + j] = acc[m][i][j];
+    PUT_SUMS(sums)
 }
 
 __global__ void step_store_tile(const float* sums, const float* b, float* out, int N, int m0) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= N * TILE_ROWS * TILE_COLS) return;
-    int tc = t % TILE_COLS, tr = (t / TILE_COLS) % TILE_ROWS, n = t / (TILE_COLS * TILE_ROWS);
     float acc[MG][TR][TC];
-    for (int m = 0; m < MG; ++m)
-        for (int i = 0; i < TR; ++i)
-            for (int j = 0; j < TC; ++j) acc[m][i][j] = sums[((t * MG + m) * TR + i) * TC + j];
-    store_tile(acc, b, out, n, m0, tr, tc);
+    GET_SUMS(sums)
+    store_tile(acc, b, out, t / (TILE_COLS * TILE_ROWS), m0, (t / TILE_COLS) % TILE_ROWS, t % TILE_COLS);
 }
 }
 """

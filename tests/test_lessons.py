@@ -236,6 +236,19 @@ def test_each_register_tile_step_is_small_and_has_a_check():
         assert tile_steps.function_body(source, name), f"{name} is not a __device__ function of TILES_SOURCE"
 
 
+def test_the_step_harnesses_hold_no_line_of_a_solution_block():
+    """labkit ships to students: its harnesses must not give away a line of the steps they check."""
+    norm = " ".join((REPO / "labkit" / "tile_steps.py").read_text().split())
+    nb = nbformat.read(REPO / "solutions" / "09_per_layer_tuning.ipynb", as_version=4)
+    leaks = []
+    for cell in nb.cells:
+        lines = cell.source.splitlines()
+        for b in make_student.blocks(cell.source) if cell.cell_type == "code" else []:
+            leaks += [ln.strip() for ln in lines[b.start + 1:b.end] if len(ln.strip()) >= 12
+                      and " ".join(ln.split()) in norm]
+    assert not leaks, leaks
+
+
 def test_tile_steps_say_which_step_is_a_stub_and_wait_for_the_steps_they_call(monkeypatch):
     source = _tiles_source(REPO / "notebooks" / "09_per_layer_tuning.ipynb")  # every step still the stub
     assert all(stages.STUB_MARK in tile_steps.function_body(source, n) for _, n in tile_steps.STEPS)
