@@ -345,6 +345,7 @@ def check_variant(variant: Variant, net: str | Net | None = None, quiet: bool = 
                 r.given = origin(fn, variant.stage) or ""
                 if not quiet:
                     print(r)
+                    if not r.passed and variant.target == "gpu" and layer.kind == "conv" and " element" in r.detail: print(f"  to see the thread that wrote it, yours vs the spec: lk.show.failure(VARIANTS[{variant.name!r}], {spec.name!r}, {layer.name!r})")  # noqa: E501,E701
                 done[key] = r
             layer_results.append(done[key])
         results += layer_results
