@@ -268,7 +268,8 @@ def draw_scene(scene: Scene, recordings):
         launch = rec.launch(scene.kernel)
         items.append((launch, selection(scene, rec, launch), label))
     c = recordings[0][1].case
-    case = (f"drawn from the kit's solution on one {c['C']}-channel {c['H']}×{c['W']} image, {c['M']} map"
+    source = "a numba model of the kit's CUDA C solution" if scene.model_of else "the kit's solution"
+    case = (f"drawn from {source} on one {c['C']}-channel {c['H']}×{c['W']} image, {c['M']} map"
             f"{'s' * (c['M'] != 1)} of "
             f"{c['K']}×{c['K']}, pad {c['pad']}" + (f", pool {c['pool']}" if c.get("pool") else "") +
             " (a small launch on the simulator)")
@@ -348,6 +349,9 @@ WRONG = {  # a student's likely slip in a solution kernel: (stage, text in the s
 }
 
 
+HINT = re.compile(r"lk\.show\.failure\(VARIANTS\[[^\]]+\], '[^']+', '[^']+'\)")
+
+
 def wrong_namespace(stage: str) -> dict:
     """The solution's kernel cells with one slip (``WRONG``), loaded as a student's notebook would be."""
     import labkit as lk
@@ -392,10 +396,10 @@ def failure_picture(stage: str, folder: Path = DOCS_IMG) -> Path:
         lk.check_variant(VARIANTS[name], "cifar10", network=False)
     lines = text.getvalue().splitlines()
     print("\n".join(lines))
-    hint = next((ln.split("lk.show.failure", 1)[1] for ln in lines if "lk.show.failure" in ln), None)
+    hint = next((m.group(0) for m in map(HINT.search, lines) if m), None)
     if hint is None:
         raise SystemExit(f"stage {stage}'s wrong variant printed no lk.show.failure hint")
-    fig = eval("lk.show.failure" + hint.strip().rstrip("."), {"lk": lk, "VARIANTS": VARIANTS})  # noqa: S307
+    fig = eval(hint, {"lk": lk, "VARIANTS": VARIANTS})  # noqa: S307 - the call the FAIL line tells a student to make
     folder.mkdir(parents=True, exist_ok=True)
     fig.savefig(folder / png, dpi=100)
     plt.close(fig)
