@@ -326,10 +326,6 @@ MAX_PANEL_IN = 1.6  # the tallest panel of an epoch row, inches
 MAX_CELL_IN, MIN_CELL_IN = 0.2, 0.075  # a cell's side; below the smallest, the arrays go on two lines
 
 
-def _panel_size(size: tuple[int, int]) -> tuple[int, int]:
-    return size
-
-
 def _in_epoch(rows: np.ndarray, e: int) -> np.ndarray:
     return rows if e == ALL else rows[rows[:, 8] == e]
 
@@ -379,7 +375,7 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
         sel_rows, ctx_rows = launch.rows[sel], launch.rows[ctx & ~sel]
         epochs, skipped = _epochs(sel_rows, launch.rows[ctx], most_epochs, {e for _, e in (marks or {})})
         cols = _columns(launch, ctx)
-        sizes = [_panel_size(mosaic(launch.arrays[n]["shape"])[:2]) for n in cols]
+        sizes = [mosaic(launch.arrays[n]["shape"])[:2] for n in cols]
         for k, part in enumerate(_lines(list(zip(cols, sizes)), room)):
             ids = [launch.names.index(c) for c, _ in part]
             touched = set(sel_rows[np.isin(sel_rows[:, 0], ids), 8].tolist()) | set(
@@ -429,8 +425,8 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
     handles.append(Patch(facecolor=_pale(_rgb(COLOURS["input"])), label="pale: the rest of its block"))
     handles.append(plt.Line2D([], [], marker="x", color="black", linestyle="none", label="written"))
     if compare:
-        handles.append(Patch(facecolor="none", edgecolor=MISSED, linewidth=1.3, label="the spec (its block) reads, yours not"))
-        handles.append(Patch(facecolor="none", edgecolor=EXTRA, linewidth=1.3, label="yours (your block) reads, the spec not"))
+        handles += [Patch(facecolor="none", edgecolor=colour, linewidth=1.3, label=label) for colour, label in (
+            (MISSED, "the spec (its block) reads, yours not"), (EXTRA, "yours (your block) reads, the spec not"))]
     fig.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, (base + 0.02) / height),
                fontsize=7.5, frameon=False, ncols=2)
     fig.text(0.1 / WIDTH, 1 - 0.08 / height, title, fontsize=9.5, va="top")

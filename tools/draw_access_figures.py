@@ -116,8 +116,8 @@ SCENES = [
           budget={"global load": "74 (C·(K + POOL − 1)² + M)", "global store": "2 (M)",
                   "constant load": "400 (C·K²·POOL²·M)"}),
     Scene("09_task3", "09", 3, "register tiles (a numba model of the CUDA C): the block copies its maps' weights "
-          "into shared memory laid out [c][p][q][m], then each thread loads a (TR + K − 1)×(TC + K − 1) window per "
-          "channel once and reads every map's weight of each (c, p, q) side by side",
+          "into shared memory laid out [c][p][q][m], then each thread loads a (TR + K − 1)×(TC + K − 1) window "
+          "per channel once and reads every map's weight of each (c, p, q) side by side",
           lambda s: tiles_model, _case(fuse=("relu", "pool"), size=(8, 8)), element=(0, 1, 1, 1),
           model_of="TILES_SOURCE", budget={"global load": "78 (C·(TR+K−1)(TC+K−1) + ⌈C·K²·M/TPB⌉ + M)",
                                            "global store": "2 (M)", "shared load": "100 (C·K²·M)"}),
