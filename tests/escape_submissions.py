@@ -20,8 +20,9 @@ and is given the paths it aims at (the strongest attacker: the class knows the c
    package's location, the ``--solutions`` folder and ``$LABKIT_SOLUTIONS``, and runs its kernel cells as its own.
 
 Attacks 1-3 end by raising a RuntimeError that says what they did, so the grader's row says it. The classmates are
-student copies too: untouched, each fails its first check ("not implemented"). ``tests/test_grade_isolation.py``
-grades the class under bubblewrap and asserts every attack is stopped.
+student copies too, that raise their own error when they load (``OWN``): fast to grade, and a row that is not
+theirs shows. ``tests/test_grade_isolation.py`` grades the class under bubblewrap and asserts every attack is
+stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,11 +46,13 @@ NB = "04_data_transfer_padding.ipynb"
 GIVEN = "03_managed_memory.ipynb"  # an earlier stage's solution that z2_later loads (lk.from_stage("03"))
 STUDENT_COPY = REPO / "notebooks" / NB
 
-# graded on the simulator: only the timed variant, every job well within the limit
+# graded on the simulator: only the timed variant, every job well within the limit, which is the rubric's (no
+# reference job to scale it: op time is not measured on the simulator)
 RUBRIC = """
 [limits]
 time_s = 240
 sim_time_s = 240
+time_factor = 0
 memory_mb = 6144
 
 [stage."04"]
@@ -64,6 +68,7 @@ ATTACKS = {
 }
 VICTIMS = {"z1_victim": "a1_edit_student", "z2_later": "a2_edit_solutions"}
 EDITED = "edited by a classmate"  # what attacks 1 and 2 make the victims raise
+OWN = "my own notebook, as I handed it in"  # what the victims raise by themselves
 
 # ----------------------------------------------------------------------------------------- the attacks' code
 
@@ -202,8 +207,9 @@ def write(root: Path) -> dict:
             cells[-1].source = code[name] + "\n\n" + cells[-1].source
         elif name in code:  # when the first kernel cell runs
             cells[0].source += "\n\n" + code[name]
-        elif name == "z2_later":  # given code of an earlier stage, as a student may load it
-            cells[0].source += '\n\ns03 = lk.from_stage("03")\n'
+        else:  # a classmate (z2: with given code of an earlier stage, as a student may load it): its own error
+            given = 's03 = lk.from_stage("03")\n' if name == "z2_later" else ""
+            cells[0].source += f'\n\n{given}raise RuntimeError({OWN!r})\n'
         path.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, path)
     (root / "rubric.toml").write_text(RUBRIC)
@@ -275,17 +281,27 @@ def run_mode(mode: str, before_kit: Path | None = None) -> dict:
     """A fresh class graded one way ("bwrap", "unsandboxed", or "before": the kit of ``before_kit``), observed."""
     with tempfile.TemporaryDirectory(prefix="labkit-escape-") as tmp:
         setup = write(Path(tmp))
-        snap = snapshot(setup)
-        if mode == "before":  # the older kit's grader, in a process of its own
-            env = {**os.environ, "PYTHONPATH": str(before_kit), "NUMBA_ENABLE_CUDASIM": "1"}
-            prog = ("import sys, json; from labkit import grading; r = grading.grade(sys.argv[1], stages=['04'], "
-                    "rubric=sys.argv[2], solutions=sys.argv[3], out=sys.argv[4], jobs=1, seed=2024, progress=False)")
-            subprocess.run([sys.executable, "-c", prog, str(setup["class"]), str(setup["rubric"]),
-                            str(setup["solutions"]), str(setup["out"])], env=env, check=True, cwd=tmp)
-            report = json.loads((setup["out"] / "grades.json").read_text())
-        else:
-            report = grade(setup, unsandboxed=mode == "unsandboxed", sandbox="auto" if mode == "unsandboxed" else mode)
-        return observe(setup, report, snap)
+        try:
+            return _graded(mode, setup, tmp, before_kit)
+        finally:  # a rewriter that outlived everything (unsandboxed): this script started it, this script ends it
+            for pid in processes_with(setup["token"]):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _graded(mode: str, setup: dict, tmp: str, before_kit: Path | None) -> dict:
+    snap = snapshot(setup)
+    if mode == "before":  # the older kit's grader, in a process of its own (its rubric knows no time_factor)
+        rubric = Path(tmp) / "rubric-before.toml"
+        rubric.write_text(RUBRIC.replace("time_factor = 0\n", ""))
+        env = {**os.environ, "PYTHONPATH": str(before_kit), "NUMBA_ENABLE_CUDASIM": "1"}
+        prog = ("import sys, json; from labkit import grading; r = grading.grade(sys.argv[1], stages=['04'], "
+                "rubric=sys.argv[2], solutions=sys.argv[3], out=sys.argv[4], jobs=1, seed=2024, progress=False)")
+        subprocess.run([sys.executable, "-c", prog, str(setup["class"]), str(rubric), str(setup["solutions"]),
+                        str(setup["out"])], env=env, check=True, cwd=tmp)
+        report = json.loads((setup["out"] / "grades.json").read_text())
+    else:
+        report = grade(setup, unsandboxed=mode == "unsandboxed", sandbox="auto" if mode == "unsandboxed" else mode)
+    return observe(setup, report, snap)
 
 
 # ---------------------------------------------------------------------------------------------- the table
@@ -298,16 +314,17 @@ def _verdict(attack: str, seen: dict) -> str:
         hit = seen["victim_file_changed"] or EDITED in v["message"]
         return (f"**{'victim hit' if hit else 'stopped'}**: z1_victim's notebook "
                 f"{'rewritten' if seen['victim_file_changed'] else 'unchanged'}, graded {v['status']} "
-                f"({'raises ' + repr(EDITED) if EDITED in v['message'] else 'its own first check fails'})")
+                f"({'raises ' + repr(EDITED) if EDITED in v['message'] else 'its own error'})")
     if attack == "a2_edit_solutions":
         v = rows["z2_later"]
         hit = seen["solutions_changed"] or EDITED in v["message"]
         return (f"**{'later students hit' if hit else 'stopped'}**: --solutions "
                 f"{'rewritten' if seen['solutions_changed'] else 'unchanged'}; z2_later graded {v['status']} "
-                f"({'its given code raises' if EDITED in v['message'] else 'its own first check fails'})")
+                f"({'its given code raises' if EDITED in v['message'] else 'its own error'})")
     if attack == "a3_detached":
         status, score, csv_status = seen["detached_row_after"]
-        hit = seen["grades_changed_after_exit"]
+        # its cells raise: a pass is the rewriter's (written before this process looked, where the grader was another)
+        hit = seen["grades_changed_after_exit"] or "pass" in (status, csv_status)
         return (f"**{'grades rewritten' if hit else 'stopped'}**: "
                 f"{len(seen['alive_at_exit'])} rewriter process(es) alive when the grader returned; its row after: "
                 f"{status} {score:g} (csv: {csv_status})")
