@@ -33,7 +33,7 @@ SOLUTION = REPO / "solutions" / "01_serial_baseline.ipynb"
 NB = SOLUTION.name
 HALO = "r = i * stride + p - pad"
 LOOP_NEST = "N, M, Ho, Wo = out.shape"
-TIME_LIMIT = 60
+TIME_LIMIT = 120
 # kernel cells of the stage-01 solution, in order
 CONV_POINT, CONV_FORWARD, CHEAP_LAYERS, VARIANTS_CELL = range(4)
 
@@ -41,7 +41,7 @@ TEST_RUBRIC = f"""
 [limits]
 time_s = {TIME_LIMIT}
 sim_time_s = {TIME_LIMIT}
-min_time_s = 30       # the limit follows from the reference solution's job (time_factor), at most TIME_LIMIT
+min_time_s = 45       # the limit follows from the reference solution's job (time_factor), at most TIME_LIMIT
 memory_mb = 6144
 
 [checks]
@@ -402,9 +402,9 @@ def test_timed_passes_must_predict_what_the_reference_does(graded):
 def test_infinite_loop_is_killed_at_the_time_limit(graded):
     r = graded["rows"]["loops"]
     assert r["status"] == "timeout" and r["score"] == 0
-    # the limit follows from the stage's reference: 5 (time_factor) times its job's wall time, within [30, 60] s
+    # the limit follows from the stage's reference: 5 (time_factor) times its job's wall time, within [45, 120] s
     limits = graded["report"]["meta"]["time_limits"]["01"]
-    assert limits["time_limit_s"] == round(min(TIME_LIMIT, max(30, 5 * limits["reference_job_s"]))), limits
+    assert abs(limits["time_limit_s"] - min(TIME_LIMIT, max(45, 5 * limits["reference_job_s"]))) <= 1, limits
     assert f"time limit ({limits['time_limit_s']} s)" in r["message"] and "conv1" in r["message"], r["message"]
     assert r["seconds"] < limits["time_limit_s"] + 30
 
@@ -640,7 +640,7 @@ def test_result_frames_are_validated():
 
 
 def test_message_kinds_are_defined_once():
-    assert {k.value for k in protocol.Kind} == {"hello", "phase", "start", "reference", "load_error", "loaded", "case",
+    assert {k.value for k in protocol.Kind} == {"hello", "phase", "start", "load_error", "loaded", "case",
                                                 "checks_done", "technique", "accuracy", "accuracy_done", "timing",
                                                 "tampered", "grader_error", "done"}
     assert set(protocol.MESSAGES) == set(protocol.Kind)  # one message class per kind
@@ -651,7 +651,7 @@ def test_message_kinds_are_defined_once():
 def test_a_job_crosses_the_pipe_as_one_typed_object():
     """The job and its variants: to_json and back gives the same objects (shared by parent and child)."""
     spec = protocol.VariantSpec("v", "gpu", "device", False, ("cifar10",), {"cifar10": ["conv1"]}, fuse=("pool",))
-    job = protocol.JobSpec(mode="student", stage="04", notebook="nb", inputs="in.npz", variants={"v": spec}, nets={},
+    job = protocol.JobSpec(stage="04", notebook="nb", inputs="in.npz", variants={"v": spec}, nets={},
                            workloads={"w": protocol.WorkloadSpec("cifar10", "w.x", {"conv1.weight": "w.w0"})},
                            cases=[protocol.CaseSpec(0, "v", 3, "conv1", "cifar10", "c0.x", {"conv1.weight": "c0.w0"})],
                            timing=protocol.TimingSpec("v", "w", 1, 3))

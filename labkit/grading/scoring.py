@@ -167,7 +167,7 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
     # wrong shape (the message says which), since a maximum over the others would look like a pass
     errors = [res.error for res in o.checks.values()]
     out["error"] = max(errors) if errors and all(np.isfinite(e) for e in errors) else None
-    correct = checks_passed(o) and not o.load_error
+    correct = checks_passed(o) and not o.load_error and not o.grader_error and o.checks_done
     acc_ok = correct and accuracy_passed(o)
     scored = plan.accuracy_scored
 

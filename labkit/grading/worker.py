@@ -48,7 +48,9 @@ _threads = threading.enumerate
 
 import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
 
-from .. import device, engine, gpu, nbcells, simcheck, simulator, stages  # noqa: E402
+from .. import counts, device, engine, gpu, nbcells, simcheck, simulator, stages, tune  # noqa: E402,F401
+# (counts and tune imported now, before the snapshot: a class of a module first imported by a student's cell would
+# be outside it, and its patch unseen)
 
 from numba import cuda as _cuda  # noqa: E402
 
@@ -216,7 +218,6 @@ def _use_tuning(job: P.JobSpec) -> None:
     a private copy of labkit outside the checkout, where ``labkit.tune`` would find none and a tuned variant would
     silently fall back to another kernel than the one the student's notebook picks."""
     if job.tuning:
-        from .. import tune
         from pathlib import Path
 
         tune.STORE = Path(job.tuning)
@@ -274,8 +275,6 @@ def _traced_call(tracer: ownership.Tracer, fn, layer_name: str, records: list):
 def _technique_budget(conv, tech: P.TechniqueSpec, arrays: str) -> P.Technique:
     """The share of the conv's loads served from the stage's memory (``labkit.counts`` on the simulator), against
     the stage's budget (``technique.min_fraction``): a token load from that memory earns nothing."""
-    from .. import counts
-
     name = f"{tech.layer} uses {tech.memory} memory"
     try:
         c = counts.count_layer(conv, tech.net, tech.layer, arrays)
