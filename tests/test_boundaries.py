@@ -1,7 +1,8 @@
 """The simulator's check shapes cross every boundary of the stages' kernels: a second tile, a second block, the
 M-tile offset, the K remainder, a grid capped at a few dozen images. Each wrong kernel here is the stage's own
 solution with one line changed (tests/buggy_kernels.py: BOUNDARY_BUGS); it passes the base case, where a map fits
-one tile and a batch one block row, and fails the case of ``labkit.simulator.CASES`` that crosses its boundary."""
+one tile and a batch one block row, and fails the case of ``labkit.simulator.CASES`` that crosses its boundary.
+And reads or writes outside a layer's inputs: the checks hand them inside NaN margins (``labkit.engine.IN_GUARD``)."""
 
 import re
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from labkit import check, device, engine, gpu, simulator, stages
-from labkit.layers import groups, impl_for, kernel_layers
+from labkit.layers import args, fused_args, group_output_shape, groups, impl_for, kernel_layers, with_biases
 from labkit.nets import get_net
 
 from buggy_kernels import BOUNDARY_BUGS, patched_stage
@@ -89,7 +90,14 @@ def _launch_configs(monkeypatch, fn, group, arrays: str) -> dict:
     for batch in simulator.BATCHES:
         case = check.group_case(net, group, batch, rng) if len(group) > 1 else \
             check.layer_case(net, group[0].name, batch, rng)
-        engine.call_layer(fn, case.layer, case.x, case.weights, arrays)
+        weights = with_biases(group, case.weights)
+        out = np.zeros(group_output_shape(group, case.x.shape, weights), np.float32)
+        if arrays == "device":
+            x, weights, out = gpu.to_device(case.x), {k: gpu.to_device(v) for k, v in weights.items()}, \
+                gpu.to_device(out)
+        else:
+            x = case.x
+        fn(*(fused_args(group, x, weights, out) if len(group) > 1 else args(group[0], x, weights, out)))
     return seen
 
 
