@@ -23,8 +23,8 @@ TILE = 16
 #: twice, and a remainder
 GRID_ROW = 2 * TILE
 #: batch sizes of a self-check of one layer of GPU code on the simulator, each with a shape of its own (``case``):
-#: 1 the base shape (the counts tables and the notebooks' worked example use it), 2 many output maps, 3 maps wider
-#: and taller than a tile, and more images than a grid row (odd and above 4: a grid that is right only for some
+#: 1 the base shape (the counts tables and the notebooks' worked example use it), 2 maps wider and taller than a
+#: tile, 3 many output maps, and more images than a grid row (odd and above 4: a grid that is right only for some
 #: batch sizes fails there)
 BATCHES = (1, 2, 3, GRID_ROW + 3)
 #: batch sizes of a whole-network check on the simulator: the layers crossed every boundary in their own checks,
@@ -102,8 +102,8 @@ class Shape:
 #: grid capped at a few dozen. Few maps where the case is not about maps: the simulator's cost is its threads.
 CASES = {
     1: Shape("base", MAX_CHANNELS),
-    2: Shape("output maps", 1, outputs=TILE + 3),
-    3: Shape("tiles", 2, outputs=1, rows=TILE + 3, cols=TILE + 5),
+    2: Shape("tiles", 1, outputs=1, rows=TILE + 3, cols=TILE + 5),
+    3: Shape("output maps", 1, outputs=TILE + 3),
     GRID_ROW + 3: Shape("images", 1, outputs=1, rows=2, cols=3),
 }
 
