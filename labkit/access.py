@@ -216,7 +216,7 @@ def _role(name: str, kind: str, shape: tuple, stores: bool, loads: bool, sizes: 
 
 
 def _launch_of(sim_launch, sizes: dict) -> Launch:
-    names = list(sim_launch.arrays)
+    names = sorted(sim_launch.arrays)  # not the order of first access: that is the simulator's thread order
     index = {name: i for i, name in enumerate(names)}
     rows = np.array([(index[a], flat, *blk, *thr, ep, int(st), int(at))
                      for a, flat, blk, thr, ep, st, at in sim_launch.accesses], np.int64).reshape(-1, len(COLUMNS))
