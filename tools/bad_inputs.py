@@ -94,6 +94,7 @@ class Case:
     env: Callable[[Path], dict] = field(default=lambda tmp: {})
     pick: str | None = None  # a regex: show the last line matching it (default: the last line)
     whole: bool = False  # args is a whole command, not labkit's arguments
+    timeout: float | None = None  # seconds before it is stopped (default: --timeout)
 
 
 def _sub(tmp: Path, checkout: Path) -> Path:
@@ -187,10 +188,10 @@ CASES = [
          lambda t, c: ["ladder", str(_text(t)), "--out", str(t / "lad")], pick=r"\S"),
     Case("lab_notebooks_empty", "`lab --notebooks` an empty folder",
          lambda t, c: ["lab", "--notebooks", str(_empty(t)), "--no-browser", "--port", "18931"],
-         pick=r"^Starting JupyterLab|^Error"),
+         pick=r"^Starting JupyterLab|^Error", timeout=60),
     Case("lab_as_root", "`lab` as root (no --allow-root)",
          lambda t, c: ["lab", "--notebooks", str(c / "notebooks"), "--no-browser", "--port", "18932"],
-         pick=r"allow-root|^Error"),
+         pick=r"allow-root|^Error", timeout=60),
     Case("version", "`--version` and the version reports record",
          lambda t, c: _version_check(c), whole=True),
     Case("readme_tests", "README: how long the tests take, how to see skip reasons",
@@ -200,6 +201,7 @@ CASES = [
 
 def run_case(case: Case, checkout: Path, timeout: float) -> tuple[str, str]:
     """(exit code, the line) of one case on one checkout, in a fresh temporary folder."""
+    timeout = case.timeout or timeout
     with tempfile.TemporaryDirectory(prefix=f"bad-{case.name}-") as tmp:
         tmp = Path(tmp)
         (tmp / "nodata").mkdir()
