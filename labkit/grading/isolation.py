@@ -92,11 +92,18 @@ def kit_paths() -> list[str]:
     checkout = Path(__file__).resolve().parent.parent.parent
     found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
              str(Path(os.path.realpath(sys.executable)).parent), *site.getsitepackages()}
+    if _user_site():
+        found.add(site.getusersitepackages())
     for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
         found.update(p for p in os.environ.get(var, "").split(os.pathsep) if p)
     paths = {os.path.realpath(p) for p in found} | {os.path.abspath(p) for p in found}
     keep = sorted(p for p in paths if os.path.exists(p) and not checkout.is_relative_to(p))
     return [p for p in keep if not _covered(p, keep) and not _covered(p, SYSTEM)]
+
+
+def _user_site() -> bool:
+    """Whether this Python imports from the user's site-packages (``pip install --user``): the child must too."""
+    return bool(site.ENABLE_USER_SITE) and site.getusersitepackages() in sys.path
 
 
 def child_env(env: dict, scratch: str, lib: str | None) -> dict:
@@ -105,7 +112,11 @@ def child_env(env: dict, scratch: str, lib: str | None) -> dict:
     out = {k: v for k, v in env.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
     s = Path(scratch)
     out.update(HOME=str(s), TMPDIR=str(s / "tmp"), XDG_CACHE_HOME=str(s / ".cache"), MPLCONFIGDIR=str(s / ".mpl"),
-               CUPY_CACHE_DIR=str(s / ".cupy"), PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
+               CUPY_CACHE_DIR=str(s / ".cupy"), PYTHONDONTWRITEBYTECODE="1")
+    if _user_site():  # HOME moves to the scratch folder: name the user's site-packages where they are
+        out["PYTHONUSERBASE"] = site.getuserbase()
+    else:
+        out["PYTHONNOUSERSITE"] = "1"
     if not Path(out.get("NUMBA_CACHE_DIR", "/")).is_relative_to(s):
         out["NUMBA_CACHE_DIR"] = str(s / "numba-cache")
     out.pop("PYTHONPATH", None)
