@@ -41,6 +41,7 @@ from .rubric import GradeError
 MODES = ("bwrap", "apptainer", "docker")
 CHOICES = ("auto", *MODES)
 IMAGE_ENV = "LABKIT_SANDBOX_IMAGE"
+BWRAP_ENV = "LABKIT_BWRAP"  # a bubblewrap binary that is not on PATH
 
 #: the system folders every child reads (the interpreter's shared libraries, the CUDA driver's)
 SYSTEM = ("/usr",)
@@ -368,8 +369,9 @@ class Docker(Container):
 
 @functools.lru_cache(maxsize=None)
 def bwrap_usable() -> tuple[Bwrap | None, str]:
-    """A working bubblewrap, or why there is none (not installed, or it cannot make its namespaces here)."""
-    exe = shutil.which("bwrap")
+    """A working bubblewrap (``$LABKIT_BWRAP``, else ``bwrap`` on PATH), or why there is none (not installed, or it
+    cannot make its namespaces here)."""
+    exe = shutil.which(os.environ.get(BWRAP_ENV) or "bwrap")
     if exe is None:
         return None, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     try:
