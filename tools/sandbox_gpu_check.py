@@ -1,6 +1,7 @@
 """Check on a GPU machine that the grader's bubblewrap sandbox reaches the GPU (docs/grading.md, "Isolation").
 
     python tools/sandbox_gpu_check.py --out DIR [--stage 04]
+    LABKIT_BWRAP=PATH/bwrap python tools/sandbox_gpu_check.py --out DIR   # bubblewrap not installed there
 
 1. In the sandbox a job's child gets (``labkit.grading.isolation``, bubblewrap): numba.cuda sees the device, a
    kernel runs and its result is right, CuPy (where installed) compiles and runs a RawKernel; the repo's solutions
