@@ -593,7 +593,7 @@ def table(selfchecks: dict[str, str], rows: dict[str, dict], kinds=None) -> str:
     for name in kinds or KINDS:
         kind, r = KINDS[name], rows[name]
         lines.append(f"| {kind.stage} | `{name}` | {kind.what} | {_cell(selfchecks.get(name, '(not run)'))} | "
-                     f"**{r['status']}** {r['score']:g}/{r['max_score']:g} | {_cell(r['message'], 170)} |")
+                     f"**{r['status']}** {r['score']:g}/{r['max_score']:g} | {_cell(r['message'], 460)} |")
     return "\n".join(lines)
 
 
