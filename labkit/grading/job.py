@@ -135,7 +135,10 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     row = job.row()
     result = ReferenceTiming(runs=o.timing_runs, method=o.timing_method, mismatches=o.timing_mismatches,
                              device=o.device, seconds=o.seconds)
-    if row["status"] != "pass" or (plan.measured and not o.timing_runs):
+    # its timed passes' own mismatches (float32 near-ties) only widen the students' allowance: not a failure
+    passed = row["status"] == "pass" or (o.checks_done and scoring.checks_passed(o) and scoring.accuracy_passed(o)
+                                          and not o.forbidden and not o.tampered_code and not o.grader_error)
+    if not passed or (plan.measured and not o.timing_runs):
         result.error = (f"the reference solution {plan.solution.name} does not pass its own grading "
                         f"({row['status']}): {row['message'][:400]}")
     return result
