@@ -52,13 +52,14 @@ class Launch:
         return self.rows[:, 2:8]
 
     def writer_of(self, array: str, flat: int) -> tuple | None:
-        """(block, thread) of the last thread that stored into ``array[flat]``, or None."""
+        """(block, thread) of the thread that stored into ``array[flat]`` (the first in block and thread order
+        when several did, as atomics do: the simulator's thread order varies from run to run), or None."""
         a = self.names.index(array) if array in self.arrays else -1
         hit = self.rows[(self.rows[:, 0] == a) & (self.rows[:, 1] == flat) & (self.rows[:, 9] == 1)]
         if not len(hit):
             return None
-        r = hit[-1]
-        return tuple(int(v) for v in r[2:5]), tuple(int(v) for v in r[5:8])
+        r = min(tuple(int(v) for v in row[[4, 3, 2, 7, 6, 5]]) for row in hit)  # z, y, x: the flat order
+        return (r[2], r[1], r[0]), (r[5], r[4], r[3])
 
 
 @dataclass

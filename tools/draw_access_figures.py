@@ -303,7 +303,9 @@ def write(scene: Scene, folder: Path = FIGURES) -> float:
 
 
 def reference_line(scene: Scene) -> str:
-    return (f"![Access pattern of task {scene.task}: {scene.caption}](figures/{scene.name}.png)")
+    """The markdown of a figure in its spec cell (its caption is the figure's own title)."""
+    alt = f"Task {scene.task}: what the threads read and write, drawn from the kit's solution"
+    return f"![{alt}](figures/{scene.name}.png)"
 
 
 def insert(solutions: Path | None = None) -> list[str]:
