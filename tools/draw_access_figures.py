@@ -15,8 +15,8 @@ figure. The figures show which elements threads read and write, never code.
 Tasks without a figure: CPU code (02 tasks 1-2), no kernel of their own (03's wrapper, 04 task 3's job, 05 and 07
 task 3's predictions, 09 task 4's search space), and CUDA C that only a GPU runs (06 task 2 and 09 task 2 have the
 access pattern of the numba kernel before them). 09 task 3's register tiles are CUDA C too: its figure is drawn from a
-numba model of the kernel below (``tiles_model``), and the digest keeps a hash of the CUDA C it models, so the check
-fails when that source changes and the model has not been looked at again.
+numba model of the kernel below (``tiles_model``), and the digest keeps a hash of the CUDA C source it models
+(TILES_SOURCE), so the check fails when that source changes and the model has not been looked at again.
 """
 
 from __future__ import annotations
@@ -194,18 +194,18 @@ from numba import cuda, float32  # noqa: E402
 
 
 def solution_block_hash(stage: str, variable: str) -> str:
-    """sha256 of the solution block of the CUDA C string ``variable`` in a stage's solution notebook."""
+    """sha256 of the CUDA C string ``variable`` (``NAME = r\"\"\"...\"\"\"``) in a stage's solution notebook: any
+    change to the source a model stands for shows in the digest."""
     from labkit import nbcells
     from labkit.stages import STAGES, solutions_folder
 
     nb = nbcells.read(solutions_folder() / STAGES[stage].notebook)
     for cell in nb.cells:
-        if cell.cell_type == "code" and re.search(rf"^{variable}\s*=", cell.source, re.M):
-            body = re.search(r"/// BEGIN SOLUTION(.*?)/// END SOLUTION", cell.source, re.S)
-            if body:
-                return hashlib.sha256(body.group(1).encode()).hexdigest()
-    raise SystemExit(f"no {variable} with a /// BEGIN SOLUTION block in stage {stage}'s solution: update "
-                     f"tools/draw_access_figures.py")
+        found = re.search(rf'^{variable}\s*=\s*r?"""(.*?)"""', cell.source, re.M | re.S) if cell.cell_type == "code" \
+            else None
+        if found:
+            return hashlib.sha256(found.group(1).encode()).hexdigest()
+    raise SystemExit(f"no {variable} = r\"\"\"...\"\"\" in stage {stage}'s solution: update tools/draw_access_figures.py")
 
 
 # ------------------------------------------------------------------------------------ record, digest, draw
