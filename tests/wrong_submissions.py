@@ -631,7 +631,7 @@ def main(argv=None) -> int:
             root = Path(tmp)
             write(root / "class", kinds)
             report = grade_class(root, root / "out", seed=args.seed, kinds=kinds)
-            rows = {r["student"]: r for r in report["rows"]}
+            rows = {r["student"]: r for r in report["rows"] if r["stage"] == KINDS[r["student"]].stage}
             checks = {} if args.no_selfcheck else selfcheck_all(root / "class", kinds)
             if args.json:
                 args.json.write_text(json.dumps({"rows": rows, "selfchecks": checks, "meta": report["meta"]},
