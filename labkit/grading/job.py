@@ -83,7 +83,8 @@ def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
     (folder / "work").mkdir()
     lib, solutions = folder / "lib", folder / "solutions"
     guarded = {str(p.relative_to(lib / "labkit")): p for p in sandbox.private_labkit(lib)}
-    guarded.update({f"solutions/{p.name}": p for p in sandbox.private_solutions(plan.solution.parent, solutions)})
+    guarded.update({f"solutions/{p.name}": p for p in sandbox.private_solutions(plan.solution.parent, solutions,
+                                                                                plan.stage.number)})  # earlier only
     return folder, lib, solutions, sandbox.Guard(guarded)
 
 
