@@ -272,8 +272,9 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     ``students`` grades only those student folders; with it (or ``stages``) an existing report in ``out`` is
     updated: only the graded (student, stage) rows are replaced (``merge``, default: then). ``gpus`` ("all" or
     "0,2"): one job per GPU at a time, each pinned to its GPU. ``cluster``: a Dask cluster (see
-    ``labkit.grading.cluster``). Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the
-    grader's own problems.
+    ``labkit.grading.cluster``). ``sandbox`` (auto, bwrap, apptainer, docker): where every child runs
+    (``labkit.grading.isolation``); ``unsandboxed``: none, only for code you trust. Returns ``{"meta": ..., "rows":
+    [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox here among them).
     """
     from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
