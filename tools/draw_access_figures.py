@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # the recordings need the simulator, on any machine
+if __name__ == "__main__":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # the recordings need the simulator, on any machine
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 FIGURES = REPO / "notebooks" / "figures"
@@ -133,6 +134,11 @@ def tiles_model(x, w, b, out, pad, stride, act=0, pool=0):
     """The register-tile kernel of notebook 09 task 3 (CUDA C, WSHARED=1, PREFETCH=0, pooled layers: TR = TC = 2,
     one block holds all M maps), written in numba so the simulator can record its accesses. Local arrays stand for
     the registers; a ``wvec`` load of VEC maps is VEC loads here."""
+    global cuda, float32
+    import math
+
+    from numba import cuda, float32
+
     import labkit as lk
 
     N, C, H, W = x.shape
@@ -188,9 +194,7 @@ def tiles_model(x, w, b, out, pad, stride, act=0, pool=0):
 
 
 _MODELS: dict = {}
-import math  # noqa: E402 - the model kernel's globals: the simulator swaps a kernel's global ``cuda`` for its own
-
-from numba import cuda, float32  # noqa: E402
+cuda = float32 = None  # numba's, imported by tiles_model: the simulator swaps a kernel's global ``cuda`` for its own
 
 
 def solution_block_hash(stage: str, variable: str) -> str:
