@@ -6,8 +6,9 @@ executed solution notebooks kept there), a small test suite and a README. It nev
 
 The leak search (``verify``) takes every line that ``tools/make_student.py`` strips from a solution notebook of stage
 NN or later (the solution blocks, Python and CUDA C alike), whitespace-normalised, at least ``MIN_CHARS`` long, and
-not also public by construction (in a student notebook of any stage, or in the released given code), and looks for
-it in every file of the release: inside JSON strings (notebooks, results), text files, and the bytes of the rest.
+not also public by construction (in a student notebook of any stage, or in the released given code, as a line or
+within one), and looks for it in every file of the release: inside JSON strings (notebooks, results), text files,
+and the bytes of the rest.
 ``build`` runs it and fails when it finds anything.
 """
 
@@ -117,13 +118,15 @@ def secrets(milestone: str, repo: Path = REPO, min_chars: int = MIN_CHARS) -> Se
         else:
             stripped[number] = [_norm(line) for line in stripped_lines(nb, student)]
     out = Secrets(milestone)
+    public_text = "\n".join(public)  # a line inside a longer public one is public too
     for number, lines in stripped.items():
         lines = [line for line in lines if line and "BEGIN SOLUTION" not in line and "END SOLUTION" not in line
                  and STUB_MARK not in line]
         out.short[number] = len({line for line in lines if len(line) < min_chars})
         long = {line for line in lines if len(line) >= min_chars}
-        out.public[number] = len(long & public)
-        out.lines[number] = long - public
+        shared = {line for line in long if line in public or line in public_text}
+        out.public[number] = len(shared)
+        out.lines[number] = long - shared
     return out
 
 
