@@ -497,8 +497,9 @@ KINDS: dict[str, Kind] = {
                         "tampered", ("labkit.grading.ownership.Tracer.call", "labkit.counts.Counts.per_output"),
                         False),
     "timed_only_library": Kind(timed_only_library, "own kernels in the checks, numpy only in the timed passes",
-                               "pass", ("op time not measured",), False, ci=False,
-                               gpu="forbidden: the tracer runs in the timed passes (calls numpy.einsum)"),
+                               "forbidden", ("calls numpy", "own kernels"), False, ci=False,
+                               gpu="forbidden (the scan sees the names; with names it cannot see, the tracer, which "
+                                   "runs in the timed passes too)"),
     "memo_content": Kind(memo_content, "conv results memoised by the images' content", "pass",
                          ("op time not measured",), False, ci=False,
                          gpu="pass at its real op time: every timed pass has fresh images, the memo never hits"),
