@@ -371,6 +371,14 @@ def _given_code(repo: Path, out: Path, milestone: str) -> dict[str, str]:
     return files
 
 
+def _figures(repo: Path, out: Path, number: str) -> None:
+    """The access pictures a released stage's task specs show (``notebooks/figures/NN_task*.png``): patterns of
+    reads and writes, no code, so they ship with the stage's notebook."""
+    for png in sorted((repo / "notebooks" / "figures").glob(f"{number}_task*.png")):
+        (out / "notebooks" / "figures").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(png, out / "notebooks" / "figures" / png.name)
+
+
 def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False) -> Verification:
     """Write the student repository of ``milestone`` into ``out`` and search it for solution text; ReleaseError
     when anything leaks (the folder is left for inspection, not to be published)."""
@@ -390,6 +398,7 @@ def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False) -> Ve
         if number <= milestone:
             nb = ms.student_notebook(nbformat.read(_solution(repo, number), as_version=4))
             (out / "notebooks" / stage.notebook).write_text(ms.render(nb))
+            _figures(repo, out, number)
     _docs(repo, out)
     if (repo / "results").is_dir():
         _copy_tree(repo / "results", out / "results", repo, skip_suffixes=tuple(_SKIP_RESULTS),
