@@ -363,3 +363,28 @@ def test_the_child_reads_the_tuning_choices_the_grader_reads(tmp_path):
     before, after = json.loads(out.stdout.strip().splitlines()[-1])
     assert before is None  # where the bug came from: no choices in the private copy
     assert after == tune.stored("cifar10", 50000) and after["choice"]["conv1"].startswith("09 tiles")
+
+
+def test_a_cuda_c_launch_counts_for_the_host_function_that_asked_for_it():
+    """lk.gpu.launch_raw (CUDA C) has no Python kernel to classify: the launch hook records the calling function's
+    code, so a stage-09 variant whose layers run only CUDA C is not taken for 'no kernel at all' on a GPU."""
+    import subprocess
+    import sys
+
+    code = (
+        "import labkit as lk\n"
+        "from labkit.grading import ownership\n"
+        "seen = []\n"
+        "class T:\n"
+        "    def launched(self, f): seen.append(f.__code__.co_name)\n"
+        "ref = [T()]\n"
+        "ownership.install_launch_hook(ref)\n"
+        "def students_host_code():\n"
+        "    lk.gpu.launch_raw(lambda grid, block, args, shared_mem=0: None, (2,), (32,), (1, 2.0))\n"
+        "students_host_code()\n"
+        "ref[0] = None\n"
+        "students_host_code()\n"
+        "print(seen)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['students_host_code']"

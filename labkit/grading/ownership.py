@@ -558,4 +558,16 @@ def install_launch_hook(tracer_ref: list) -> list[tuple[type, str, object]]:
 
         cls.call = gpu_call
         installed.append((cls, "call", gpu_call))
+    # CUDA C (``lk.gpu.launch_raw``): a cupy RawKernel has no Python function, so the launch counts for the function
+    # that asked for it, the host code of the notebook (own, given or the kit's) that holds the kernel's source
+    from labkit import gpu as kit_gpu
+
+    orig_raw = kit_gpu.launch_raw
+
+    def raw_call(kernel, *args, _orig=orig_raw, **kwargs):
+        if tracer_ref[0] is not None:
+            tracer_ref[0].launched(types.SimpleNamespace(__code__=sys._getframe(1).f_code))
+        return _orig(kernel, *args, **kwargs)
+
+    kit_gpu.launch_raw = raw_call  # before the snapshot: it stays in place, and replacing it is tampering
     return installed
