@@ -209,7 +209,8 @@ def test_a_write_outside_an_input_fails():
 def _relu_of_the_next_element(x, out):
     t = cuda.grid(1)
     if t < out.size:
-        out[t] = max(x[t + 1], 0.0)  # for the last t: x[x.size], one past the last element
+        k = t + 1 if t == out.size - 1 else t  # the last thread reads x[x.size], one past the last element
+        out[t] = max(x[k], 0.0)
 
 
 def test_a_device_kernel_reading_one_past_its_input_fails():
