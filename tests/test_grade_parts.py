@@ -388,3 +388,38 @@ def test_a_cuda_c_launch_counts_for_the_host_function_that_asked_for_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "['students_host_code']"
+
+
+def test_a_library_context_manager_counts_for_the_code_that_entered_it():
+    """A library's @contextmanager (cupyx.errstate, numpy's) is entered from contextlib's frame: the tracer names
+    the caller of the `with`, so a library that enters its own context manager is not taken for the student (on an
+    H100 every reference solution was refused for 'calls cupyx.errstate'), and a student's `with` still is."""
+    import contextlib
+    import types as _types
+
+    from labkit.grading import ownership
+
+    tracer = ownership.Tracer.__new__(ownership.Tracer)
+    tracer.current, seen = {"library": [], "launches": {}}, []
+    tracer._record = lambda name, caller: seen.append((name, caller))
+
+    @contextlib.contextmanager
+    def errstate():
+        yield
+
+    tracer._codes = {errstate.__wrapped__.__code__: "cupyx.errstate"}
+    tracer._dispatchers = {}
+    tracer.lib = _types.SimpleNamespace(name=lambda obj: None)  # no C routine is a library's here
+    library_module = _types.ModuleType("cupy._core.fake")
+    exec("def library_code(cm):\n    with cm():\n        pass\n", library_module.__dict__)
+    previous = sys.getprofile()
+    sys.setprofile(tracer._profile)
+    try:
+        library_module.library_code(errstate)
+        with errstate():
+            pass
+    finally:
+        sys.setprofile(previous)
+    assert ("cupyx.errstate", "cupy._core.fake") in seen
+    assert ("cupyx.errstate", __name__) in seen
+    assert not [c for _, c in seen if c == "contextlib"]

@@ -437,6 +437,9 @@ class Tracer:
         else:
             return
         if name is not None:
+            # a context manager's generator (cupyx.errstate) is entered from contextlib: its caller is the `with`
+            while caller is not None and caller.f_globals.get("__name__") == "contextlib":
+                caller = caller.f_back
             self._record(name, caller.f_globals.get("__name__", "") or "" if caller is not None else "")
 
     def _patch_points(self) -> list:
