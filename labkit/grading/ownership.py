@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import functools
 import inspect
 import os
@@ -46,6 +47,10 @@ LABKIT_ENGINE = ("forward", "run", "call_layer", "time_passes")
 METHODS = ("dot", "matmul", "tensordot", "einsum", "__matmul__")
 #: modules whose calls into a library are its own business (the simulator, numpy calling numpy)
 _INTERNAL = ("numba", "numpy", "scipy", "torch", "cupy", "cupyx", "importlib", "functools")
+
+#: files whose functions wrap others (their code object is the same for every wrapped function)
+_SHARED_WRAPPERS = frozenset(os.path.abspath(m.__file__) for m in (contextlib, functools)) | \
+    frozenset(m.__file__ for m in (contextlib, functools))
 
 _FAMILY_ROOTS = ("numpy", "cupy", "cupyx", "scipy", "torch", "tensorflow", "jax", "labkit")
 
@@ -451,7 +456,9 @@ class Tracer:
         for obj in self.lib._objects:
             for f in (obj, getattr(obj, "__wrapped__", None), getattr(obj, "_implementation", None)):
                 code = getattr(f, "__code__", None)
-                if isinstance(code, types.CodeType):
+                # a decorator's wrapper (contextlib.contextmanager's helper) shares one code object among every
+                # function it wraps in the process, the kit's own included: only the wrapped function's code names it
+                if isinstance(code, types.CodeType) and code.co_filename not in _SHARED_WRAPPERS:
                     self._codes.setdefault(code, self.lib.name(obj))
             impl = getattr(obj, "_implementation", None)
             if impl is not None and not hasattr(impl, "__code__"):  # a C routine behind numpy's dispatcher
