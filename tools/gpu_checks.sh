@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU half of this wave's checks, in one call on a CUDA machine (docs/gpu.md): the sandbox reaches the GPU, the
+# grader's and self-check's verdicts on the wrong CUDA C kernels and on the wrong-submission class, the GPU tests of
+# the new modules, and memcheck. Each step's output goes to OUT/<step>.txt, its exit code and seconds to
+# OUT/steps.txt; OUT/all.tgz holds every file.
+#   OUT=DIR bash tools/gpu_checks.sh [STEP ...]     (default: every step)
+set -u
+OUT="${OUT:?set OUT to a folder}"
+mkdir -p "$OUT/files"
+PY="${PYTHON:-python3}"
+step() {
+  local name="$1"; shift
+  local t0=$SECONDS
+  timeout "${STEP_LIMIT:-400}" "$@" >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
+}
+want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
+WANT="${*:-sandbox cudac tests wrong memcheck}"
+want sandbox && step sandbox "$PY" tools/sandbox_gpu_check.py --out "$OUT/files/sandbox"
+want cudac && [ -f tools/cuda_c_wrong_kernels.py ] && step cudac "$PY" tools/cuda_c_wrong_kernels.py --out "$OUT/files/cudac"
+want tests && step tests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rs \
+  tests/test_grade_cuda_c.py tests/test_lessons.py tests/test_boundaries.py tests/test_show.py tests/test_release.py \
+  $(ls tests/test_cuda_cpu.py 2>/dev/null)
+want wrong && step wrong "$PY" tests/wrong_submissions.py --table --no-selfcheck --json "$OUT/files/wrong_gpu.json" \
+  --kinds ${WRONG_KINDS:-cuda_c_wrong_source untimed_layer memo_content timed_only_library pad_border_nan}
+want memcheck && step memcheck "$PY" tools/memcheck.py --out "$OUT/files/memcheck" --stages 05 09
+tar czf "$OUT/all.tgz" -C "$OUT" files
