@@ -1,7 +1,6 @@
 """Lessons that teach: goals before findings, one source for a task's size, the student's checks apart from the
 kit's, and stage 09's register tiles in steps that are checked one by one."""
 
-import importlib.util
 import os
 import re
 import types
@@ -14,13 +13,7 @@ import pytest
 from labkit import check, notebook, stages, tile_steps
 from labkit.check import CheckResult
 
-REPO = Path(__file__).resolve().parent.parent
-SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
-STUDENT = sorted((REPO / "notebooks").glob("*.ipynb"))
-
-spec = importlib.util.spec_from_file_location("make_student", REPO / "tools" / "make_student.py")
-make_student = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(make_student)
+from test_notebooks import REPO, SOLUTIONS, STUDENT, make_student  # noqa: E402 - one loader of the tool
 
 # ------------------------------------------------------------------------ findings only after the measure cells
 
