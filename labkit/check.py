@@ -169,7 +169,7 @@ def layer_case(net: str | Net, layer: str, batch: int, rng, target: str = "gpu")
         raise ValueError("flatten is a reshape, not a kernel: there is nothing to check")
     if target not in ("gpu", "cpu"):
         raise ValueError(f"target must be 'gpu' or 'cpu', not {target!r}")
-    shrunk = simulator.shrinks(target)
+    shrunk = simulator.shrinks(target) or isinstance(batch, simulator.Shrunk)
     in_shape = simulator.layer_input_shape(net, spec, batch) if shrunk else net.input_shape_of(spec.name)
     x = rng.standard_normal((batch, *in_shape)).astype(np.float32)
     if spec.kind == "softmax":
@@ -198,7 +198,8 @@ def network_case(net: str | Net, batch: int, rng, target: str = "gpu") -> Case:
 
 
 def default_batches(target: str = "gpu") -> tuple[int, ...]:
-    return simulator.BATCHES if simulator.shrinks(target) else BATCHES
+    """A one-layer check's batch sizes: the simulator's shapes there; on a GPU the real sizes, then those shapes."""
+    return simulator.BATCHES if simulator.shrinks(target) else (*BATCHES, *simulator.boundary_batches(target))
 
 
 # -------------------------------------------------------------------------------------------- running

@@ -110,7 +110,23 @@ CASES = {
 
 def case(batch: int) -> Shape:
     """The case a batch size checks (a batch size not in ``CASES``: the base shape)."""
-    return CASES.get(batch, CASES[1])
+    return CASES.get(int(batch), CASES[1])
+
+
+class Shrunk(int):
+    """A batch size that checks its ``CASES`` shape on a real GPU too. The real layers' sizes often fill whole
+    blocks and tiles (cifar10's conv1: 32 x 32 x 32 outputs a map stack, a multiple of every block), so a kernel
+    without a guard or wrong only on a second tile can pass every real-size check; after them, a GPU also runs these
+    shapes. An int, so it travels and prints as its batch size; ``str`` names the shape."""
+
+    def __str__(self) -> str:
+        return f"{int(self)} (the shape {case(self).name!r}, crossing the tiles)"
+
+
+def boundary_batches(target: str) -> tuple[int, ...]:
+    """The shrunk cases a check of ``target`` code runs after its real sizes: all of ``BATCHES`` for GPU code on a
+    GPU, none on the simulator (its shapes are these already) or for CPU code."""
+    return tuple(Shrunk(b) for b in BATCHES) if target == "gpu" and not active() else ()
 
 
 def layer_input_shape(spec: Net, layer: Layer, batch: int = 1) -> tuple[int, ...]:

@@ -223,3 +223,23 @@ def test_a_device_kernel_reading_one_past_its_input_fails():
     r = check.check_layer(relu, "cifar10", "relu1", arrays="device", batches=(1,), quiet=True)
     assert not r.passed
     assert ("read outside its input" if device.is_gpu() else "IndexError") in r.detail, r
+
+
+def test_a_gpu_checks_these_shapes_after_the_real_sizes(monkeypatch):
+    """On a real GPU the real layers' sizes fill whole blocks (cifar10's conv1: 32 maps of 32 x 32), so a kernel
+    without a guard passed there (issue 25, results/h100-2026-11-25b: out_of_bounds). After the real sizes a GPU
+    check runs these shapes too: the same batch sizes, marked ``simulator.Shrunk``, shrunk whatever the device."""
+    monkeypatch.setattr(simulator, "active", lambda: False)  # as on a GPU
+    net, rng = get_net("cifar10"), np.random.default_rng(3)
+    batches = check.default_batches("gpu")
+    assert batches[:len(check.BATCHES)] == check.BATCHES
+    assert list(batches[len(check.BATCHES):]) == list(simulator.BATCHES)
+    assert check.default_batches("cpu") == check.BATCHES  # CPU code has no blocks to cross
+    assert check.layer_case(net, "conv2", 3, rng, "gpu").x.shape == (3, *net.input_shape_of("conv2"))
+    for b in batches[len(check.BATCHES):]:
+        c = check.layer_case(net, "conv2", b, rng, "gpu")
+        assert c.x.shape == (b, *simulator.layer_input_shape(net, net.layer("conv2"), b))
+        assert c.expected.shape[1] == simulator.layer_outputs(net.layer("conv2"), b)
+        assert str(b).startswith(f"{int(b)} (the shape {simulator.case(b).name!r}")
+        detail = check.compare("conv2", np.zeros_like(c.expected), c.expected, batch=b).detail
+        assert f"at batch size {int(b)} (the shape" in detail, detail

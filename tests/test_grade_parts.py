@@ -444,3 +444,38 @@ def test_a_contextmanager_wrapper_does_not_name_every_context_manager():
     tracer._patch_points()
     assert routine.__wrapped__.__code__ in tracer._codes
     assert routine.__code__ not in tracer._codes  # contextlib's helper, shared with every other context manager
+
+
+@pytest.mark.skipif(not device.is_simulated(), reason="the technique's child runs on the CUDA simulator")
+def test_on_a_gpu_the_technique_is_counted_again_in_a_simulator_child(tmp_path, monkeypatch):
+    """Issue 25: on a GPU the technique check was "its kernels have shared memory", so one token shared load per
+    output earned the points. A GPU job now grades the technique a second time, in a sandboxed child of its own
+    under the CUDA simulator (load fractions against the stage's budget), and that line decides the points."""
+    import wrong_submissions as ws
+
+    from labkit.grading import isolation, job as grading_job
+
+    paths = ws.write(tmp_path / "class", ["token_shared"])
+    ctx = run.Context(["05"], grading.load_rubric(), ws.REPO / "solutions", gpu=False, simulated=True,
+                      sandbox=isolation.choose("auto", unsandboxed=True))
+    plan = ctx.plans["05"]
+
+    def counted(notebook):
+        j = grading_job.TechniqueJob(plan, ctx.refs, "s", notebook, 7, gpu=False)
+        j.sandbox = ctx.sandbox
+        return j.run()
+
+    token, right = counted(paths["token_shared"]), counted(plan.solution)
+    assert token.technique and not token.technique["passed"], token.technique
+    assert "counted on the simulator" in token.technique["line"] and "at least 75 %" in token.technique["line"]
+    assert right.technique and right.technique["passed"], right.technique
+    assert token.cases == 0 and not token.checks and not token.timing_runs  # the technique alone, nothing else
+
+    # the GPU job's own line ("uses shared memory: PASS (… bytes)") is replaced by the counted one, kept beside it
+    gpu_job = grading_job.Job(plan, ctx.refs, "s", paths["token_shared"], 7, gpu=True)
+    gpu_job.outcome.technique = {"passed": True, "line": "conv2 uses shared memory: PASS (kernel: 1024 bytes)"}
+    monkeypatch.setattr(grading_job.TechniqueJob, "run", lambda self: token)
+    gpu_job._technique_counted()
+    assert gpu_job.outcome.technique["passed"] is False
+    assert gpu_job.outcome.technique["gpu"].endswith("(kernel: 1024 bytes)")
+    assert gpu_job.outcome.technique["line"] == token.technique["line"]

@@ -470,8 +470,62 @@ class Job:
             o.tampered = guard.changed()
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        if self.gpu and o.technique is not None:
+            self._technique_counted()
         o.seconds = time.monotonic() - start
         return o
 
+    def _technique_counted(self) -> None:
+        """On a GPU the conv's loads cannot be counted, and "its kernels have shared memory" earns the points for a
+        token use: the technique is measured again, as on a CPU machine, by a second child of the same job under
+        the CUDA simulator (its load fractions against the stage's budget); that line replaces the GPU's."""
+        counted = TechniqueJob(self.plan, self.refs, self.student, self.notebook, self.seed, gpu=False)
+        counted.env_extra, counted.sandbox, counted.time_limit = \
+            {**self.env_extra, "NUMBA_ENABLE_CUDASIM": "1"}, self.sandbox, self.time_limit
+        c = counted.run()
+        o = self.outcome
+        t = c.technique or {"passed": False, "line": f"{self.plan.technique()['layer']} uses "
+                                                     f"{self.plan.technique()['memory']} memory: not counted on the "
+                                                     f"simulator ({TechniqueJob.failure(c)})"}
+        o.technique = {**t, "gpu": o.technique.get("line", "")}
+        o.tampered = o.tampered or c.tampered
+        if c.tampered_code and not o.tampered_code:
+            o.tampered_code = c.tampered_code
+        o.forbidden += [f for f in c.forbidden if f not in o.forbidden]
+
     def row(self) -> dict:
         return scoring.row(self.plan, self.student, self.notebook, self.seed, self.outcome)
+
+
+class TechniqueJob(Job):
+    """A job's technique part alone, in a child under the CUDA simulator (``Job._technique_counted``): the
+    submission loaded as in any job, no checks, then the technique's load fractions."""
+
+    def build(self, folder: Path) -> P.JobSpec:
+        r, tech = self.plan.rubric, self.plan.technique()
+        return P.JobSpec(stage=self.plan.stage.number, notebook="", inputs=Inputs(self.refs).save(folder),
+                         variants=dict(self.plan.variants), nets={}, workloads={}, timed=self.plan.timed, cases=[],
+                         accuracy=[], timing=None, technique=P.TechniqueSpec(**tech),
+                         memory_mb=r["limits"]["memory_mb"], memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"],
+                                                                                              False),
+                         max_file_mb=r["limits"]["max_file_mb"])
+
+    def _on_checks_done(self, msg, payload, answer) -> None:
+        self.outcome.checks_done = True
+        answer(P.Answer.STOP if self.outcome.forbidden else P.Answer.CONTINUE)
+
+    def _on_accuracy_done(self, msg, payload, answer) -> None:
+        answer(P.Answer.STOP)
+
+    HANDLERS = {**Job.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done}
+
+    @staticmethod
+    def failure(o: JobOutcome) -> str:
+        """Why the simulator child gave no technique line, in a few words."""
+        if o.timed_out:
+            return "it ran out of time"
+        if o.memory_exceeded:
+            return "it ran out of memory"
+        if o.load_error:
+            return f"the notebook did not load there: {o.load_error.splitlines()[0][:200]}"
+        return o.protocol_error or o.grader_error or (o.stderr_tail or "").strip()[-200:] or "no result came back"

@@ -60,10 +60,11 @@ class StagePlan:
 
     def layer_batches(self, target: str) -> tuple[int, ...]:
         """Batch sizes of the single-layer checks: the simulator's for GPU code on it, else the rubric's
-        (``checks.batches``, default ``labkit.check.BATCHES``)."""
+        (``checks.batches``, default ``labkit.check.BATCHES``), and for GPU code on a GPU the simulator's shapes
+        after them (``simulator.boundary_batches``)."""
         if simulator.shrinks(target):
             return tuple(simulator.BATCHES)
-        return tuple(self.rubric["checks"].get("batches") or check.BATCHES)
+        return (*(self.rubric["checks"].get("batches") or check.BATCHES), *simulator.boundary_batches(target))
 
     @staticmethod
     def network_batches(target: str) -> tuple[int, ...]:
