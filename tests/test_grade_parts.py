@@ -479,3 +479,6 @@ def test_on_a_gpu_the_technique_is_counted_again_in_a_simulator_child(tmp_path, 
     assert gpu_job.outcome.technique["passed"] is False
     assert gpu_job.outcome.technique["gpu"].endswith("(kernel: 1024 bytes)")
     assert gpu_job.outcome.technique["line"] == token.technique["line"]
+    gpu_job.outcome.checks_done, gpu_job.outcome.accuracy_done = True, True
+    details = gpu_job.row()["details"]
+    assert details["technique"] == token.technique["line"] and details["technique_gpu"].endswith("1024 bytes)")

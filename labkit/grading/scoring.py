@@ -261,6 +261,8 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
     if plan.technique():
         t = o.technique or {}
         details["technique"] = t.get("line", "not checked (the checks did not pass)")
+        if t.get("gpu"):  # on a GPU: its own check, beside the simulator child's count that decides
+            details["technique_gpu"] = t["gpu"]
         if correct and t.get("passed"):
             t_points = float(pts["technique"])
         elif correct:
