@@ -45,11 +45,15 @@ class CheckResult:
     shapes: dict = field(default_factory=dict)
     note: str = ""  # a PASS that is not about values (a technique check) says what it found instead
     given: str = ""  # where the checked code came from when it is not the notebook's own ("stage 02", "the kit")
+    emulated: str = ""  # "CPU emulation of CUDA C" when the check ran CUDA C on the CPU (labkit.cudacpu)
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __str__(self) -> str:
+        return self._line() + (f" [{self.emulated}]" if self.emulated else "")
+
+    def _line(self) -> str:
         if self.passed and self.note:
             return f"{self.name}: PASS ({self.note})"
         if self.passed:
@@ -242,6 +246,7 @@ def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, q
     seed = fresh_seed(seed)
     rng = np.random.default_rng(seed)
     result = CheckResult(name, False, detail="no batch sizes to check")
+    emulated = gpu.emulated_launches()
     for n in batches:
         case = make_case(n, rng)
         result = _run_case(name, case, lambda: call(case), n, tol, watch_races)
@@ -250,6 +255,10 @@ def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, q
         if not result.passed:
             break
         result.batches = tuple(batches)
+    if gpu.emulated_launches() > emulated:
+        from .cudacpu import LABEL
+
+        result.emulated = LABEL
     if not quiet:
         print(result)
     return result

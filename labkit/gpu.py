@@ -126,12 +126,44 @@ def refuse_stub(kernel) -> None:
 
 
 def raw_module(code: str, options: tuple = ()):
-    """``cupy.RawModule(code=code, options=options)``, refused while ``code`` still has the TODO stub."""
+    """``cupy.RawModule(code=code, options=options)`` on a GPU with cupy; elsewhere the same source compiled for the
+    CPU (``labkit.cudacpu.Module``, the same ``get_function``/``get_global``). Refused while ``code`` still has the
+    TODO stub."""
     if STUB_MARK in code:
         raise NotImplementedError(f"the CUDA C source: {STUB_MARK}")
+    if cuda_c_on_cpu():
+        from . import cudacpu
+
+        _emulated[0] += 1
+        return cudacpu.Module(code, tuple(options))
     import cupy
 
     return cupy.RawModule(code=code, options=tuple(options))
+
+
+def cuda_c_on_cpu() -> bool:
+    """Whether CUDA C runs on the CPU emulation here (no GPU with cupy), not through cupy."""
+    from . import device
+
+    return device.info().kind != "gpu" or not device.info().cupy
+
+
+def upload_constant(module, name: str, array) -> None:
+    """Copy ``array`` (host or device, float32) into the ``__constant__`` variable ``name`` of ``module`` (a cupy
+    RawModule or a CPU one): one copy, as ``cudaMemcpyToSymbol``."""
+    from . import cudacpu
+
+    symbol = module.get_global(name)
+    if isinstance(symbol, cudacpu.Global):  # the CPU emulation: host memory either way
+        host = getattr(array, "_ary", None)  # numba's simulator: the numpy array itself, no copy
+        symbol.copy_from_host(host if isinstance(host, np.ndarray) else as_host(array))
+        return
+    import cupy
+
+    data = cupy.asarray(array)
+    if data.nbytes > symbol.mem.size:
+        raise ValueError(f"{name}: {data.nbytes} bytes do not fit in its {symbol.mem.size}")
+    symbol.copy_from_device(cupy.ascontiguousarray(data).data, data.nbytes)
 
 
 def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
@@ -144,16 +176,26 @@ def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
 
 
 def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
-    """Launch a CUDA C kernel of a ``cupy.RawModule`` (``kernel(grid, block, args)``), counted and recorded like
-    every other launch. Array arguments may be cupy arrays or any C-contiguous device array (numba's, PyTorch's):
+    """Launch a CUDA C kernel of ``raw_module`` (``kernel(grid, block, args)``; a cupy RawModule's or the CPU
+    emulation's), counted and recorded like every other launch. Array arguments may be cupy arrays or any C-contiguous device array (numba's, PyTorch's):
     those go in as their device pointers, because wrapping each in a cupy array costs tens of microseconds a
     launch, which a timing of a millisecond kernel would otherwise include."""
     grid, block = _dims(grid), _dims(block)
     args = tuple(_raw_arg(a, i) for i, a in enumerate(args))
+    if type(kernel).__module__.startswith("labkit.cudacpu"):
+        _emulated[0] += 1
     n_blocks, per_block = math.prod(grid), math.prod(block)
     return _recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0,
                      lambda: kernel(grid, block, args, shared_mem=shared_bytes), blocks=n_blocks,
                      threads=n_blocks * per_block, kernel=kernel)
+
+
+_emulated = [0]
+
+
+def emulated_launches() -> int:
+    """CUDA C launches made so far on the CPU emulation (labkit.cudacpu): a check that made some says so."""
+    return _emulated[0]
 
 
 def _raw_arg(a, i: int):
@@ -161,6 +203,12 @@ def _raw_arg(a, i: int):
     pointer (a 64-bit integer is what a ``float*`` parameter holds)."""
     if isinstance(a, (int, float, np.generic)) or type(a).__module__.startswith("cupy"):
         return a
+    host = getattr(a, "_ary", None)  # numba's simulator: a FakeCUDAArray around a numpy array
+    if isinstance(host, np.ndarray):
+        if not host.flags.c_contiguous:
+            raise ValueError(f"launch_raw: argument {i} (shape {host.shape}) is not C-contiguous; a kernel on a "
+                             f"flat pointer would read it wrongly: pass a contiguous copy")
+        return np.uint64(host.ctypes.data)
     pointer = getattr(a, "device_ctypes_pointer", None)  # numba's arrays: the pointer without building the interface
     if pointer is not None and a.is_c_contiguous():
         return np.uint64(pointer.value or 0)

@@ -96,7 +96,9 @@ class Variant:
     note: str = ""
     name: str = ""
     stage: str = ""
-    requires: tuple[str, ...] = ()  # "cupy": CUDA C through cupy.RawModule, which needs a real GPU
+    # "cuda_c": CUDA C (lk.gpu.raw_module): through cupy on a GPU, else on the CPU emulation (labkit.cudacpu);
+    # "cupy": cupy's own routines (cuBLAS), which need a real GPU
+    requires: tuple[str, ...] = ()
     fuse: tuple[str, ...] = ()  # kinds a conv function absorbs when they follow it: "relu", "tanh", "pool"
 
     def __post_init__(self):
@@ -124,8 +126,18 @@ class Variant:
 
 
 def unavailable(requires: tuple[str, ...]) -> str:
-    """Why code needing ``requires`` cannot run here ("" when it can): CUDA C through cupy needs a real GPU with
-    cupy. Variants and tuning candidates both ask this."""
+    """Why code needing ``requires`` cannot run here ("" when it can): CUDA C ("cuda_c") runs through cupy on a
+    GPU, else on the CPU emulation where a C++ compiler is installed; cupy's own routines ("cupy") need a real GPU
+    with cupy. Variants and tuning candidates both ask this."""
+    if "cuda_c" in requires:
+        from . import gpu
+
+        if gpu.cuda_c_on_cpu():
+            from . import cudacpu
+
+            why = cudacpu.available()
+            if why:
+                return why
     if "cupy" in requires:
         from .device import info
 

@@ -7,7 +7,8 @@ compiled together with the student's source on small shapes chosen to reach the 
 overhangs the map, several map groups, every weight-vector width), and compared with numpy. A step whose function
 is still the TODO stub says so; ``sum_channels`` is checked once the steps it calls pass.
 
-CUDA C needs a real GPU with cupy (``labkit.stages.unavailable``); elsewhere the steps are skipped, in one line.
+CUDA C runs through cupy on a GPU, else on the CPU emulation (``labkit.cudacpu``: the lines say so); where neither
+can (``labkit.stages.unavailable``) the steps are skipped, in one line.
 """
 
 from __future__ import annotations
@@ -172,9 +173,7 @@ class _Module:
         self.module = gpu.raw_module(source + HARNESS, [f"-D{k}={v}" for k, v in mac.items()])
 
     def constant(self, w: np.ndarray) -> None:
-        import cupy
-
-        self.module.get_global("c_w").copy_from_device(cupy.asarray(np.ascontiguousarray(w)).data, w.nbytes)
+        gpu.upload_constant(self.module, "c_w", np.ascontiguousarray(w))
 
     def run(self, kernel: str, threads: int, *args, blocks: int | None = None) -> None:
         dev = [gpu.to_device(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
@@ -289,7 +288,7 @@ CHECKS = {"load_window": _check_load_window, "add_channel": _check_add_channel,
 
 def check(source: str, seed: int | None = None, quiet: bool = False) -> list[CheckResult]:
     """Check each step of ``source`` (the notebook's ``TILES_SOURCE``) on its own: one line per step function."""
-    why = unavailable(("cupy",))
+    why = unavailable(("cuda_c",))
     if why:
         if not quiet:
             print(f"register-tile steps a-d: SKIPPED ({why})")
@@ -309,8 +308,13 @@ def check(source: str, seed: int | None = None, quiet: bool = False) -> list[Che
             result = CheckResult(label, False, detail=f"not checked yet: it calls {' and '.join(waiting)}, "
                                                       f"whose check does not pass yet")
         else:
+            before = gpu.emulated_launches()
             result = _run(label, CHECKS[name], compiled, rng)
             result.seed = seed
+            if gpu.emulated_launches() > before:
+                from .cudacpu import LABEL
+
+                result.emulated = LABEL
         if result.passed:
             passed.add(name)
         results.append(result)

@@ -1,0 +1,41 @@
+// The CUDA built-ins the kit's kernels use, for a CPU: force-included (-include) before a CUDA C source that
+// labkit.cudacpu compiles as C++ for this machine. Each CUDA thread of a block runs as a cooperative thread
+// (runtime.inc) that gives way only at __syncthreads(); threadIdx is set for it whenever it resumes.
+#pragma once
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 { unsigned int x, y, z; };
+
+extern "C" {
+// the thread that is running, its block, the launch's shapes: written by the launcher before each switch
+extern uint3 threadIdx;
+extern uint3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+void cudacpu_syncthreads(void);
+}
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+// a plain global: dlsym finds it by name (get_global), its size comes from the symbol table
+#define __constant__ __attribute__((visibility("default"), used))
+// static storage in one section the launcher fills with NaN before each block; "used" keeps the compiler from
+// assuming that the other threads (entered through an opaque context switch) cannot change it
+#define __shared__ static __attribute__((section("cudacpu_shared"), used))
+#define __syncthreads() cudacpu_syncthreads()
+#define warpSize 32
+
+template <typename T> static __forceinline__ T __ldg(const T* p) { return *p; }
+static __forceinline__ int min(int a, int b) { return a < b ? a : b; }
+static __forceinline__ int max(int a, int b) { return a > b ? a : b; }
+static __forceinline__ float __fdividef(float a, float b) { return a / b; }
