@@ -26,11 +26,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "header.h"
-RUNTIME = HERE / "runtime.inc"
+LAUNCHER = HERE / "launcher.cpp"
+TRAMPOLINES = HERE / "trampolines.inc"
 ENV = "LABKIT_CXX"
 INSTALL = "pip install ziglang"
 FLAGS = ("-x", "c++", "-std=c++14", "-O2", "-fPIC", "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",
-         "-fno-strict-aliasing", "-w")
+         "-fno-strict-aliasing", "-U_FORTIFY_SOURCE", "-w")  # no fortify: its longjmp refuses to change stacks
 #: a __global__ kernel's name (comments are removed first); a kernel inside a disabled #if block is not supported
 KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^()]*\)\s*)?(\w+)\s*\(")
 
@@ -99,9 +100,9 @@ def kernels(code: str) -> list[str]:
 
 
 def translation_unit(code: str) -> str:
-    """What is compiled: the source, the launcher, and a trampoline per kernel (the header comes by -include)."""
+    """What is compiled of a source: the source, then a trampoline per kernel (the header comes by -include)."""
     trampolines = "".join(f"CUDACPU_KERNEL({name})\n" for name in kernels(code))
-    return f'{code}\n#line 1 "cudacpu-runtime"\n{RUNTIME.read_text()}\n{trampolines}'
+    return f'{code}\n#line 1 "cudacpu-trampolines"\n{TRAMPOLINES.read_text()}\n{trampolines}'
 
 
 def build(code: str, options=()) -> Path:
@@ -111,19 +112,26 @@ def build(code: str, options=()) -> Path:
         raise NoCompiler(missing())
     options = tuple(str(o) for o in options)
     unit = translation_unit(code)
-    key = hashlib.sha256("\0".join([unit, *options, *command, version(command), HEADER.read_text(), *FLAGS])
-                         .encode()).hexdigest()[:24]
-    target = cache_folder() / f"{key}.so"
+    tools = [*command, version(command), HEADER.read_text(), *FLAGS]
+    target = cache_folder() / f"{_key(unit, *options, *tools)}.so"
     if target.exists():
         return target
+    launcher = cache_folder() / f"launcher-{_key(LAUNCHER.read_text(), *tools)}.o"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         source, obj, lib = Path(tmp) / "kernel.cu.cpp", Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        if not launcher.exists():  # its own translation unit: no option of a kernel's reaches it
+            _run([*command, *FLAGS, "-c", str(LAUNCHER), "-o", str(obj)])
+            os.replace(obj, launcher)
         source.write_text(unit)
         _run([*command, *FLAGS, "-include", str(HEADER), *options, "-c", str(source), "-o", str(obj)])
-        _run([*command, "-shared", "-nostdlib", str(obj), "-o", str(lib)])
+        _run([*command, "-shared", "-nostdlib", str(obj), str(launcher), "-o", str(lib)])
         os.replace(lib, target)  # atomic: a concurrent build of the same key leaves one whole file
     return target
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
 def _run(argv: list[str]) -> None:
@@ -140,5 +148,5 @@ def first_error(text: str) -> str:
     for line in text.splitlines():
         if re.search(r"\berror\b", line):
             line = re.sub(r"^\S*kernel\.cu\.cpp:", "line ", line.strip())
-            return re.sub(r"^\S*cudacpu-runtime:", "the launcher, line ", line)
+            return re.sub(r"^\S*(launcher\.cpp|cudacpu-trampolines):", r"\1, line ", line)
     return ""

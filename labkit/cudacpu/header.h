@@ -1,14 +1,19 @@
 // The CUDA built-ins the kit's kernels use, for a CPU: force-included (-include) before a CUDA C source that
 // labkit.cudacpu compiles as C++ for this machine. Each CUDA thread of a block runs as a cooperative thread
-// (runtime.inc) that gives way only at __syncthreads(); threadIdx is set for it whenever it resumes.
+// (launcher.cpp) that gives way only at __syncthreads(); threadIdx is set for it whenever it resumes. A kernel's
+// -D options may define any short name as a macro: every name of this file is CUDA's own or starts with cudacpu.
 #pragma once
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-struct uint3 { unsigned int x, y, z; };
-struct dim3 { unsigned int x, y, z; };
+struct uint3 {
+    unsigned int x, y, z;
+};
+struct dim3 {
+    unsigned int x, y, z;
+};
 
 extern "C" {
 // the thread that is running, its block, the launch's shapes: written by the launcher before each switch
@@ -35,7 +40,7 @@ void cudacpu_syncthreads(void);
 #define __syncthreads() cudacpu_syncthreads()
 #define warpSize 32
 
-template <typename T> static __forceinline__ T __ldg(const T* p) { return *p; }
-static __forceinline__ int min(int a, int b) { return a < b ? a : b; }
-static __forceinline__ int max(int a, int b) { return a > b ? a : b; }
-static __forceinline__ float __fdividef(float a, float b) { return a / b; }
+template <typename cudacpu_T> static __forceinline__ cudacpu_T __ldg(const cudacpu_T* cudacpu_p) { return *cudacpu_p; }
+static __forceinline__ int min(int cudacpu_a, int cudacpu_b) { return cudacpu_a < cudacpu_b ? cudacpu_a : cudacpu_b; }
+static __forceinline__ int max(int cudacpu_a, int cudacpu_b) { return cudacpu_a > cudacpu_b ? cudacpu_a : cudacpu_b; }
+static __forceinline__ float __fdividef(float cudacpu_a, float cudacpu_b) { return cudacpu_a / cudacpu_b; }

@@ -1,9 +1,14 @@
-// The launcher, compiled after the kernel source into the same shared library (labkit.cudacpu.module).
+// The launcher: a translation unit of its own (so that no macro of a kernel's -D options reaches it), linked into
+// every kernel's shared library (labkit.cudacpu.compiler).
 // A block's threads are cooperative threads, each with its own stack (ucontext), switched only at
 // __syncthreads(): a real barrier, as no thread passes it before every thread of its block has reached it or
 // returned. Between barriers the threads run in reverse order on even blocks and in order on odd ones, so a read
 // of a shared element that another thread writes before the same barrier reads the NaN the block's shared memory
 // was filled with, whichever neighbour writes it. Blocks run one after another, on the calling OS thread.
+// A thread's context is made once (makecontext); later switches are _setjmp/_longjmp, which save no signal mask:
+// a context switch costs no system call.
+#include "header.h"
+
 #include <dlfcn.h>
 #include <link.h>
 #include <setjmp.h>
@@ -27,6 +32,8 @@ namespace cudacpu {
 enum State { READY, WAITING, DONE };
 struct Thread {
     ucontext_t context;
+    jmp_buf resume;
+    bool started;  // its context runs entry(): it is resumed with _longjmp from now on
     State state;
     uint3 index;
 };
@@ -37,6 +44,7 @@ static char* stacks;
 static unsigned capacity;
 static size_t page;
 static ucontext_t scheduler;
+static jmp_buf back;  // the launcher, where a thread at a barrier or at its end returns
 static Thread* current;
 static void (*body)(void**);
 static void** arguments;
@@ -44,9 +52,20 @@ static sigjmp_buf fault;
 static char alternate[64 * 1024];
 
 static void entry() {
-    body(arguments);
-    current->state = DONE;
-    swapcontext(&current->context, &scheduler);
+    for (;;) {  // one CUDA thread per pass, then parked until a later block needs this slot
+        body(arguments);
+        current->state = DONE;
+        if (!_setjmp(current->resume)) _longjmp(back, 1);
+    }
+}
+
+static void run(Thread& th) {
+    current = &th;
+    threadIdx = th.index;
+    if (_setjmp(back)) return;
+    if (th.started) _longjmp(th.resume, 1);
+    th.started = true;
+    swapcontext(&scheduler, &th.context);
 }
 
 static void on_fault(int sig, siginfo_t*, void*) { siglongjmp(fault, sig); }
@@ -71,7 +90,7 @@ static bool reserve(unsigned n) {
 extern "C" void cudacpu_syncthreads(void) {
     cudacpu::Thread* me = cudacpu::current;
     me->state = cudacpu::WAITING;
-    swapcontext(&me->context, &cudacpu::scheduler);
+    if (!_setjmp(me->resume)) _longjmp(cudacpu::back, 1);
 }
 
 // Run call(args) over grid x block (each 3 numbers). 0 when it ran; else a line in error.
@@ -105,6 +124,7 @@ extern "C" __attribute__((visibility("default"))) int cudacpu_launch(void (*call
     sigaction(SIGBUS, &trap, &old_bus);
     int status = 0;
     if (sigsetjmp(fault, 1)) {
+        for (unsigned t = 0; t < capacity; ++t) threads[t].started = false;  // their stacks hold nothing now
         snprintf(error, error_size, "an illegal memory access (or a stack overflow) in block (%u, %u, %u), thread "
                  "(%u, %u, %u)", blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
         status = 1;
@@ -119,6 +139,7 @@ extern "C" __attribute__((visibility("default"))) int cudacpu_launch(void (*call
                         Thread& th = threads[t];
                         th.index = uint3{t % block[0], t / block[0] % block[1], t / (block[0] * block[1])};
                         th.state = READY;
+                        if (th.started) continue;
                         getcontext(&th.context);
                         th.context.uc_stack.ss_sp = stacks + (size_t)t * STACK + page;
                         th.context.uc_stack.ss_size = STACK - page;
@@ -129,10 +150,7 @@ extern "C" __attribute__((visibility("default"))) int cudacpu_launch(void (*call
                     for (;;) {  // one pass: every thread runs to its next barrier or to its end
                         for (unsigned k = 0; k < n; ++k) {
                             Thread& th = threads[reverse ? n - 1 - k : k];
-                            if (th.state != READY) continue;
-                            current = &th;
-                            threadIdx = th.index;
-                            swapcontext(&scheduler, &th.context);
+                            if (th.state == READY) run(th);
                         }
                         bool waiting = false;
                         for (unsigned t = 0; t < n; ++t)
@@ -155,35 +173,3 @@ extern "C" __attribute__((visibility("default"))) long cudacpu_symbol_size(void*
     return (long)symbol->st_size;
 }
 
-// Per kernel, the trampolines below (generated): a parameter's kind for Python, and a call from void* args.
-namespace cudacpu {
-template <typename T> struct Kind { static constexpr char code = '?'; };
-template <typename T> struct Kind<T*> { static constexpr char code = 'p'; };
-template <> struct Kind<int> { static constexpr char code = 'i'; };
-template <> struct Kind<unsigned int> { static constexpr char code = 'I'; };
-template <> struct Kind<long> { static constexpr char code = 'l'; };
-template <> struct Kind<unsigned long> { static constexpr char code = 'L'; };
-template <> struct Kind<long long> { static constexpr char code = 'l'; };
-template <> struct Kind<unsigned long long> { static constexpr char code = 'L'; };
-template <> struct Kind<float> { static constexpr char code = 'f'; };
-template <> struct Kind<double> { static constexpr char code = 'd'; };
-template <typename T> struct Kind<const T> : Kind<T> {};
-
-template <typename... A> struct Signature { static constexpr char text[] = {Kind<A>::code..., 0}; };
-template <typename... A> constexpr char Signature<A...>::text[];
-template <typename... A> constexpr const char* signature(void (*)(A...)) { return Signature<A...>::text; }
-
-template <int... I> struct Sequence {};
-template <int N, int... I> struct Make : Make<N - 1, N - 1, I...> {};
-template <int... I> struct Make<0, I...> { typedef Sequence<I...> type; };
-template <typename... A, int... I> void invoke(void (*f)(A...), void** a, Sequence<I...>) { f(*(A*)a[I]...); }
-template <typename... A> void call(void (*f)(A...), void** a) {
-    invoke(f, a, typename Make<sizeof...(A)>::type());
-}
-}  // namespace cudacpu
-
-#define CUDACPU_KERNEL(name)                                                                                      \
-    extern "C" __attribute__((visibility("default"))) const char* cudacpu_signature_##name(void) {              \
-        return cudacpu::signature(&name);                                                                         \
-    }                                                                                                             \
-    extern "C" __attribute__((visibility("default"))) void cudacpu_call_##name(void** a) { cudacpu::call(&name, a); }
