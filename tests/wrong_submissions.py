@@ -377,6 +377,34 @@ VARIANTS["batched_padded"] = lk.Variant({**PADDED, "conv": conv_later, "relu": r
 """)
 
 
+def stream_deferred(cells):  # the conv's kernels on a stream of its own, waited for only by the relu after it
+    _append(cells, VARIANTS_CELL, """
+
+from numba import cuda as _cuda
+
+_SIDE = _cuda.stream()
+_relu_given = PADDED["relu"]
+
+
+def conv_on_the_side(x, w, b, out, pad, stride):
+    N, C, H, W = x.shape
+    xp = x
+    if pad:
+        xp = lk.gpu.buffer("padded", (N, C, H + 2 * pad, W + 2 * pad))
+        pad_kernel[lk.gpu.blocks(xp.size), lk.gpu.TPB, _SIDE](x, xp, pad)
+    conv_padded_kernel[lk.gpu.blocks(out.size), lk.gpu.TPB, _SIDE](xp, w, b, out, stride)
+
+
+def relu_after_the_side(x, out):
+    _SIDE.synchronize()
+    _relu_given(x, out)
+
+
+VARIANTS["batched_padded"] = lk.Variant({**PADDED, "conv": conv_on_the_side, "relu": relu_after_the_side},
+                                        arrays="device")
+""")
+
+
 # stage 05: a right conv of the student's own with one token load per output through shared memory
 TOKEN_SHARED = """
 
@@ -507,6 +535,9 @@ KINDS: dict[str, Kind] = {
                           ("op time not measured",), False, ci=False,
                           gpu="forbidden: in the timed passes its conv launched no kernel of its own (and the "
                               "op time is the whole pass: the deferred work would count)"),
+    "stream_deferred": Kind(stream_deferred, "the conv's kernels on a stream of their own, waited for by the relu",
+                            "pass", ("op time not measured",), False, ci=False,
+                            gpu="pass at its real op time: the op time is the whole pass, until the device is idle"),
     "token_shared": Kind(token_shared, "a right conv with one token shared-memory load per output", "pass",
                          ("no technique points", "% of its loads from shared memory"), False, stage="05"),
     "counter_patch": Kind(counter_patch, "patches the technique counter (labkit.counts.Counts.per_output)",
