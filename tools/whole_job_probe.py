@@ -163,7 +163,7 @@ def fc_tiles(BM, BN, TM, TN, BK=16):
     def fc(x, w, b, out):
         _launch_gemm(kernel, x, w, b, out.reshape(1, *out.shape), 1)
 
-    fc.__name__ = f"tiles {BM}x{BN} ({TM}x{TN}/thread, BK {BK})"
+    fc.__name__ = f"tiles {BM}x{BN} ({TM}x{TN}, BK {BK})"
     return fc
 
 
@@ -176,7 +176,7 @@ def fc_split_atomic(BM, BN, TM, TN, splits, BK=16):
         gpu.launch(fill_bias, out.size, b, out)
         _launch_gemm(kernel, x, w, b, out.reshape(1, *out.shape), splits)
 
-    fc.__name__ = f"split-K {splits} atomic, tiles {BM}x{BN} ({TM}x{TN})"
+    fc.__name__ = f"split-K {splits} atomic, tiles {BM}x{BN} ({TM}x{TN}, BK {BK})"
     return fc
 
 
@@ -190,7 +190,7 @@ def fc_split_reduce(BM, BN, TM, TN, splits, BK=16):
         _launch_gemm(kernel, x, w, b, part, splits)
         gpu.launch(sum_splits, out.size, part, b, out)
 
-    fc.__name__ = f"split-K {splits} reduce, tiles {BM}x{BN} ({TM}x{TN})"
+    fc.__name__ = f"split-K {splits} reduce, tiles {BM}x{BN} ({TM}x{TN}, BK {BK})"
     return fc
 
 
@@ -202,18 +202,22 @@ def fc_prototypes(features: int, quick: bool) -> list:
         return [kernels.fc, fc_tiles(*tile), fc_split_atomic(*tile[:4], 3, BK=8),
                 fc_split_reduce(*tile[:4], 3, BK=8), fc_split_reduce(*tile[:4], 7, BK=8)]
     protos = [kernels.fc]
-    tiles = []
-    if features % 10 == 0:  # one tile row of features: 16 x 10 for 160, 14 x 10 for 140
-        tiles += [(128, features, 8, 10), (64, features, 4, 10)]
+    tiles = []  # (BM, BN, TM, TN, BK)
+    if features % 10 == 0:  # one tile of all features: 16 x 10 threads' columns for 160, 14 x 10 for 140
+        tiles += [(128, features, 8, 10, 16), (64, features, 4, 10, 16)]
     if features % 10 == 0 and (features // 2) % 5 == 0:
-        tiles += [(128, features // 2, 8, 5)]  # two tiles of features
-    tiles += [(128, 64, 8, 8)]  # 32-aligned tiles, some waste on 160
+        tiles += [(128, features // 2, 8, 5, 16)]  # two tiles of features
+    tiles += [(128, 64, 8, 8, 16)]  # 32-aligned tiles, some waste on 160
+    if features % 10 == 0:
+        tiles += [(128, features, 8, 10, 32)]  # twice the inputs per step: half the barriers, 128-byte rows
     for t in tiles:
         protos.append(fc_tiles(*t))
     for t in tiles[:2]:
         for s in (4, 8, 16):
-            protos.append(fc_split_atomic(*t, s))
-            protos.append(fc_split_reduce(*t, s))
+            protos.append(fc_split_atomic(*t[:4], s, BK=t[4]))
+            protos.append(fc_split_reduce(*t[:4], s, BK=t[4]))
+    if features % 10 == 0:
+        protos.append(fc_split_reduce(*tiles[-1][:4], 8, BK=tiles[-1][4]))
     return protos
 
 
@@ -534,16 +538,22 @@ def fc_section(rep: Report, quick: bool, repeat: int) -> None:
 
 # ----------------------------------------------------------------------------------------------- 3. launch overhead
 
+ENGINE_NEEDS = ("a current stream in lk.gpu (launch_grid handing it to numba as cuda.external_stream, launch_raw "
+                "launching under the matching cupy stream), the download out of engine.forward (or an asynchronous "
+                "copy into pinned memory on that stream), and every buffer allocated before the capture (the pool "
+                "does after one warm call)")
+
+
 def capture(lane: Lane, fn):
     """``fn``'s launches and copies recorded once on the lane's stream into a CUDA graph (cupy): a replay is one
     launch for the whole forward."""
     import cupy
 
     mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
-    if mode is None:
+    try:
+        lane.cupy.begin_capture(mode)  # relaxed: nothing else in the process is capturing
+    except TypeError:  # a cupy whose begin_capture takes no mode
         lane.cupy.begin_capture()
-    else:
-        lane.cupy.begin_capture(mode)
     try:
         with cuda.defer_cleanup():  # no numba frees while capturing
             fn()
@@ -605,7 +615,97 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
             f"engine's: {out['graph_differing']}")
     if out["graph_differing"]:
         rep.fail("launch overhead: the graph replay's predictions differ from the engine's")
+    out["engine_would_need"] = ENGINE_NEEDS
+    rep.say(f"  what the engine would need for a graph: {ENGINE_NEEDS}")
     rep.data["launch_overhead"] = out
+
+
+#: both libraries' default stream per thread: numba (through CUDA Python's binding) and cupy launch on
+#: cudaStreamPerThread, which can be captured; the legacy default stream cannot
+PTDS_ENV = {"CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM": "1", "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"}
+
+
+def ptds_child(net: str, images: int, name: str, repeat: int) -> dict:
+    """In a process started with PTDS_ENV: the engine's own walk, unchanged, captured on the per-thread default
+    stream with an asynchronous download after it, then replayed; beside the engine's whole call in that process."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    ptds = cuda.per_thread_default_stream()
+    out = {"cupy_current_stream": int(cupy.cuda.get_current_stream().ptr), "numba_stream": int(ptds.handle)}
+    wl, _ = workload_for(net, images)
+    v = load_variants()[name]
+    prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
+    got = {}
+
+    def engine_call():
+        got["engine"] = engine.forward(wl.net, v, prepared)
+
+    out["engine_whole_call"] = summary(time_calls(engine_call, repeat, warmup=2))
+    want = reference.predict(got["engine"])
+    probs_host = cuda.pinned_array(got["engine"].shape, np.float32)
+    cuda.synchronize()
+    rt.streamBeginCapture(int(ptds.handle), getattr(rt, "streamCaptureModeRelaxed", 2))
+    try:
+        with cuda.defer_cleanup():
+            probs = engine._layers(wl.net, v, prepared.x, prepared.weights, engine._NoClock(), False)
+            probs.copy_to_host(probs_host, stream=ptds)
+    finally:
+        graph = rt.streamEndCapture(int(ptds.handle))
+    exe = rt.graphInstantiate(graph)
+
+    def replay():
+        rt.graphLaunch(exe, int(ptds.handle))
+        ptds.synchronize()
+
+    out["graph_whole_call"] = summary(time_calls(replay, repeat, warmup=2))
+    out["graph_differing"] = int(np.count_nonzero(reference.predict(probs_host) != want))
+    return out
+
+
+def engine_capture_ptds(rep: Report, net: str, images: int, name: str, repeat: int) -> None:
+    """The engine as it is, captured in a child process whose default streams are per-thread (PTDS_ENV)."""
+    import os
+    import subprocess
+
+    if not has_cupy():
+        rep.say("engine captured with per-thread default streams: skipped (needs cupy on a GPU)")
+        return
+    job = json.dumps({"net": net, "images": images, "name": name, "repeat": repeat})
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--ptds-child", job],
+                              env={**os.environ, **PTDS_ENV}, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        rep.say("engine captured with per-thread default streams: the child ran past 240 s")
+        rep.data["engine_capture_ptds"] = {"error": "timeout"}
+        return
+    lines = proc.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        result = {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    rep.data["engine_capture_ptds"] = result
+    if "error" in result:
+        rep.say(f"engine captured with per-thread default streams: failed: {result['error'][:300]}")
+        return
+    rep.say(f"engine captured with per-thread default streams ({', '.join(PTDS_ENV)}; cupy stream "
+            f"{result['cupy_current_stream']}, numba {result['numba_stream']}):")
+    rep.say(f"  engine whole call there {ms(result['engine_whole_call'])}; its walk captured and replayed "
+            f"{ms(result['graph_whole_call'])}; predictions differing: {result['graph_differing']}")
+    if result["graph_differing"]:
+        rep.fail("the per-thread-stream graph's predictions differ from the engine's")
+
+
+def _ptds_child_main(job: str) -> int:
+    args = json.loads(job)
+    try:
+        result = ptds_child(args["net"], args["images"], args["name"], args["repeat"])
+    except Exception as exc:  # noqa: BLE001 - reported by the parent
+        result = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}",
+                  "traceback": traceback.format_exc(limit=6)}
+    print(json.dumps(result))
+    return 0
 
 
 def engine_capture_attempt(rep: Report, variants: dict, net: str, images: int, name: str) -> None:
@@ -763,6 +863,9 @@ def parse(argv) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--ptds-child"]:
+        return _ptds_child_main(argv[1])
     args = parse(argv)
     out = Path(args.out)
     try:
@@ -774,7 +877,7 @@ def main(argv=None) -> int:
     rep = Report()
     rep.data["meta"] = {"device": device.label(), "simulated": device.info().simulated, "quick": args.quick,
                         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                        "command": " ".join(["python3", "tools/whole_job_probe.py", *(argv or sys.argv[1:])]),
+                        "command": " ".join(["python3", "tools/whole_job_probe.py", *argv]),
                         "versions": versions()}
     rep.say(f"whole_job_probe on {device.label()}{' (quick)' if args.quick else ''}, sections {args.sections}")
     if device.info().kind != "gpu" and not args.quick:
@@ -786,6 +889,7 @@ def main(argv=None) -> int:
             ("4", "end_to_end", lambda: end_to_end(rep, variants, plan["e2e_images"], "tuned_cifar10",
                                                    plan["e2e_configs"], plan["e2e_repeat"])),
             ("3", "launch_overhead", lambda: launch_overhead(rep, variants, *plan["graph"], plan["repeat"])),
+            ("3", "engine_capture_ptds", lambda: engine_capture_ptds(rep, *plan["graph"], plan["repeat"])),
             ("3", "engine_capture_as_is", lambda: engine_capture_attempt(rep, variants, *plan["graph"]))]
     for section, name, job in jobs:  # section 3 last: its capture of the engine as is may break the context
         if section not in args.sections:
