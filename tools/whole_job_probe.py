@@ -416,7 +416,7 @@ def cudnn_whole_call(wl, repeat: int) -> tuple[list[float], np.ndarray]:
 
 
 def whole_call(rep: Report, variants: dict, cases, repeat: int, reference_max: int) -> None:
-    rows = []
+    rows = rep.data["whole_call"] = []  # filled as each case finishes: an error later keeps the earlier ones
     for net, images, name in cases:
         wl, note = workload_for(net, images)
         v = variants[name]
@@ -434,6 +434,7 @@ def whole_call(rep: Report, variants: dict, cases, repeat: int, reference_max: i
         row = {"net": wl.net.name, "images": wl.images, "variant": f"09 {name}", "workload": wl.note + (
             f"; {note}" if note else ""), "kit_whole_call": kit, "kit_per_layer_ms": per_layer,
                "kit_per_layer_sum_ms": sum(per_layer.values())}
+        rows.append(row)
         rep.say(f"  kit   whole call {ms(kit)}; per-layer sum {row['kit_per_layer_sum_ms']:.3f} ms: "
                 + ", ".join(f"{layer} {t:.3f}" for layer, t in per_layer.items()))
         if has_torch():
@@ -459,9 +460,7 @@ def whole_call(rep: Report, variants: dict, cases, repeat: int, reference_max: i
             rep.say(f"  numpy reference left out above {reference_max} images (--reference-max)")
         if wl.labels is not None:
             row["accuracy"] = reference.accuracy(kit_pred, wl.labels)
-        rows.append(row)
         gpu.release_buffers()
-    rep.data["whole_call"] = rows
 
 
 # ----------------------------------------------------------------------------------------------- 2. fc
@@ -504,7 +503,7 @@ def torch_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, repeat: int) -> tu
 
 
 def fc_section(rep: Report, quick: bool, repeat: int) -> None:
-    rows = []
+    rows = rep.data["fc"] = []
     for name, images, w, b in fc_layers(quick):
         rng = np.random.default_rng(images)
         x = rng.standard_normal((images, w.shape[1]), dtype=np.float32)
@@ -541,7 +540,6 @@ def fc_section(rep: Report, quick: bool, repeat: int) -> None:
             rep.say("  torch F.linear: skipped (no PyTorch with a usable GPU here)")
         del xd, wd, bd, out
         gpu.release_buffers()
-    rep.data["fc"] = rows
 
 
 # ----------------------------------------------------------------------------------------------- 3. launch overhead
@@ -584,7 +582,7 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
     def engine_call():
         got["engine"] = engine.forward(wl.net, v, prepared)
 
-    out = {"net": wl.net.name, "images": wl.images, "variant": f"09 {name}"}
+    out = rep.data["launch_overhead"] = {"net": wl.net.name, "images": wl.images, "variant": f"09 {name}"}
     out["engine_whole_call"] = summary(time_calls(engine_call, repeat, warmup=2))
     ref = reference.predict(got["engine"])
     rep.say(f"  engine as is (numba launches on the default stream, download in the call) {ms(out['engine_whole_call'])}")
@@ -608,7 +606,6 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
         rep.fail("launch overhead: the stream walk's predictions differ from the engine's")
     if not has_cupy():
         rep.say("  CUDA graph: skipped (needs cupy on a GPU)")
-        rep.data["launch_overhead"] = out
         return
     probs_host[:] = np.nan
     graph = capture(lane, stream_call)
@@ -619,13 +616,13 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
 
     out["graph_whole_call"] = summary(time_calls(graph_whole_call, repeat, warmup=2))
     out["graph_differing"] = int(np.count_nonzero(reference.predict(probs_host) != ref))
+    out["graph_unwritten"] = int(np.count_nonzero(np.isnan(probs_host)))
     rep.say(f"  captured CUDA graph, replayed {ms(out['graph_whole_call'])}; predictions differing from the "
-            f"engine's: {out['graph_differing']}")
-    if out["graph_differing"]:
+            f"engine's: {out['graph_differing']}, probabilities left unwritten: {out['graph_unwritten']}")
+    if out["graph_differing"] or out["graph_unwritten"]:
         rep.fail("launch overhead: the graph replay's predictions differ from the engine's")
     out["engine_would_need"] = ENGINE_NEEDS
     rep.say(f"  what the engine would need for a graph: {ENGINE_NEEDS}")
-    rep.data["launch_overhead"] = out
 
 
 #: both libraries' default stream per thread: numba (through CUDA Python's binding) and cupy launch on
@@ -728,6 +725,7 @@ def engine_capture_attempt(rep: Report, variants: dict, net: str, images: int, n
     engine.forward(wl.net, v, prepared)  # warm: compiled, buffers pooled
     lane = make_lanes(1)[0]
     result = {}
+
     def engine_walk():  # the engine's own walk, cupy's launches on the capturing stream, numba's where they go
         with lane.cupy:
             engine._layers(wl.net, v, prepared.x, prepared.weights, engine._NoClock(), False)
@@ -792,7 +790,8 @@ def end_to_end(rep: Report, variants: dict, images: int, name: str, configs, rep
             f"09 {name}, normalised on the device as lk.data.to_input does (byte/255 - 0.5)")
     weights = engine.prepare(net, v, wl.x[:1], wl.weights).weights
     lut = cuda.to_device(lk.data._CIFAR_LUT)
-    out = {"images": images, "uint8_bytes": int(raw.nbytes), "variant": f"09 {name}", "net": net.name}
+    out = rep.data["end_to_end"] = {"images": images, "uint8_bytes": int(raw.nbytes), "variant": f"09 {name}",
+                                    "net": net.name}
     got = {}
 
     def serial():
@@ -824,7 +823,6 @@ def end_to_end(rep: Report, variants: dict, images: int, name: str, configs, rep
         if differing:
             rep.fail(f"end to end: chunks of {chunk} over {streams} streams give other classes than the serial path")
         gpu.release_buffers()
-    rep.data["end_to_end"] = out
 
 
 # ----------------------------------------------------------------------------------------------- main
