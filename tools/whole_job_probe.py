@@ -49,12 +49,13 @@ MAX_REL_ERROR = 1e-4
 
 # ----------------------------------------------------------------------------------------------- fc prototypes
 
-def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "store"):
+def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "store", regs: int = 0):
     """out = x @ w.T + b as a register-tiled GEMM: a block computes BM images x BN features over the K range of its
     grid z (split-K), stages BK-wide slices of both operands in shared memory, and each thread keeps TM x TN sums,
     multiplying TM inputs by TN weights read once per step into registers (the given kernel reads shared memory per
     multiply-add). ``mode``: "store" (one split, bias added), "atomic" (sums added into an output holding the bias),
-    "partial" (each split's sums into its own plane, ``sum_splits`` adds them up)."""
+    "partial" (each split's sums into its own plane, ``sum_splits`` adds them up). ``regs``: a register cap per
+    thread (numba's ``max_registers``; 0: none), so that two blocks of 256 threads fit on an SM."""
     if mode not in ("store", "atomic", "partial"):
         raise ValueError(f"mode must be store, atomic or partial, not {mode!r}")
     if BM % TM or BN % TN:
@@ -63,8 +64,9 @@ def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "
     NT = TX * TY
     XC, WC = BM + 1, BN + 1  # padded rows: the transposing stores miss no bank
     ATOMIC, PARTIAL = mode == "atomic", mode == "partial"
+    jit = cuda.jit(max_registers=regs) if regs and not lk.simulator.active() else cuda.jit  # the simulator: no cap
 
-    @cuda.jit
+    @jit
     def fc_gemm(x, w, b, dst, kchunk):
         N, IN = x.shape
         OUT = w.shape[0]
@@ -136,8 +138,8 @@ def sum_splits(part, b, out):
 _GEMMS: dict = {}
 
 
-def _gemm(BM, BN, TM, TN, BK, mode):
-    key = (BM, BN, TM, TN, BK, mode)
+def _gemm(BM, BN, TM, TN, BK, mode, regs=0):
+    key = (BM, BN, TM, TN, BK, mode, regs)
     if key not in _GEMMS:
         _GEMMS[key] = make_fc_gemm(*key)
     return _GEMMS[key]
@@ -156,14 +158,14 @@ def _launch_gemm(kernel, x, w, b, dst, splits: int):
     gpu.launch_grid(kernel, grid, NT, x, w, b, dst, k_chunk(IN, splits, BK))
 
 
-def fc_tiles(BM, BN, TM, TN, BK=16):
+def fc_tiles(BM, BN, TM, TN, BK=16, regs=0):
     """(b) Bigger register tiles, one launch: more multiply-adds per shared-memory read than the given 4 x 4."""
-    kernel = _gemm(BM, BN, TM, TN, BK, "store")
+    kernel = _gemm(BM, BN, TM, TN, BK, "store", regs)
 
     def fc(x, w, b, out):
         _launch_gemm(kernel, x, w, b, out.reshape(1, *out.shape), 1)
 
-    fc.__name__ = f"tiles {BM}x{BN} ({TM}x{TN}, BK {BK})"
+    fc.__name__ = f"tiles {BM}x{BN} ({TM}x{TN}, BK {BK}{f', regs {regs}' if regs else ''})"
     return fc
 
 
@@ -180,17 +182,17 @@ def fc_split_atomic(BM, BN, TM, TN, splits, BK=16):
     return fc
 
 
-def fc_split_reduce(BM, BN, TM, TN, splits, BK=16):
+def fc_split_reduce(BM, BN, TM, TN, splits, BK=16, regs=0):
     """(c) split-K with partial sums: each split writes its own plane, a second small kernel adds the planes and
     the bias (no atomics, the same order every run)."""
-    kernel = _gemm(BM, BN, TM, TN, BK, "partial")
+    kernel = _gemm(BM, BN, TM, TN, BK, "partial", regs)
 
     def fc(x, w, b, out):
         part = gpu.buffer("probe fc split-K parts", (splits, *out.shape))
         _launch_gemm(kernel, x, w, b, part, splits)
         gpu.launch(sum_splits, out.size, part, b, out)
 
-    fc.__name__ = f"split-K {splits} reduce, tiles {BM}x{BN} ({TM}x{TN}, BK {BK})"
+    fc.__name__ = f"split-K {splits} reduce, tiles {BM}x{BN} ({TM}x{TN}, BK {BK}{f', regs {regs}' if regs else ''})"
     return fc
 
 
@@ -218,6 +220,11 @@ def fc_prototypes(features: int, quick: bool) -> list:
             protos.append(fc_split_reduce(*t[:4], s, BK=t[4]))
     if features % 10 == 0:
         protos.append(fc_split_reduce(*tiles[-1][:4], 8, BK=tiles[-1][4]))
+        # ptxas (sm_90) gives the 8 x 10 tile 216 registers and the 4 x 10 one 164 without spills: one block of
+        # 256 threads per SM; capped at 128, two blocks fit, at 288 and 144 bytes of spills
+        for t in tiles[:2]:
+            protos.append(fc_tiles(*t, regs=128))
+            protos.append(fc_split_reduce(*t[:4], 8, BK=t[4], regs=128))
     return protos
 
 
@@ -527,14 +534,14 @@ def fc_section(rep: Report, quick: bool, repeat: int) -> None:
                 rep.fail(f"fc {name} {label}: {row['error']}")
                 continue
             row["tflops"] = flop / (s["median_ms"] / 1e3) / 1e12
-            rep.say(f"  {label:<44} rel err {err:.1e}  {ms(s)}  {row['tflops']:6.2f} TFLOP/s")
+            rep.say(f"  {label:<60} rel err {err:.1e}  {ms(s)}  {row['tflops']:6.2f} TFLOP/s")
         if has_torch():
             seconds, y = torch_linear(x, w, b, repeat)
             s = summary(seconds)
             err = rel_error(y, want)
             rows.append({"layer": name, "images": images, "prototype": "torch F.linear (cuBLAS)", "rel_error": err,
                          "time": s, "tflops": flop / (s["median_ms"] / 1e3) / 1e12})
-            rep.say(f"  {'torch F.linear (cuBLAS, TF32 off)':<44} rel err {err:.1e}  {ms(s)}  "
+            rep.say(f"  {'torch F.linear (cuBLAS, TF32 off)':<60} rel err {err:.1e}  {ms(s)}  "
                     f"{rows[-1]['tflops']:6.2f} TFLOP/s")
         else:
             rep.say("  torch F.linear: skipped (no PyTorch with a usable GPU here)")
@@ -585,7 +592,8 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
     out = rep.data["launch_overhead"] = {"net": wl.net.name, "images": wl.images, "variant": f"09 {name}"}
     out["engine_whole_call"] = summary(time_calls(engine_call, repeat, warmup=2))
     ref = reference.predict(got["engine"])
-    rep.say(f"  engine as is (numba launches on the default stream, download in the call) {ms(out['engine_whole_call'])}")
+    rep.say(f"  engine as is (numba launches on the default stream, download in the call) "
+            f"{ms(out['engine_whole_call'])}")
 
     lane = make_lanes(1)[0]
     probs_host = cuda.pinned_array((wl.images, *wl.net.shapes()[wl.net.layers[-1].name]), np.float32)
