@@ -846,6 +846,43 @@ QUICK = {"cases": [("cifar10", 3, "tuned_cifar10"), ("fashion", 2, "tuned_fashio
 SECTIONS = ("1", "2", "3", "4")
 
 
+def closing_summary(data: dict) -> list[str]:
+    """The figures issue 24 asks about, one line each: whole calls against cuDNN, the fastest correct fc of each
+    layer against cuBLAS, the 1200-image call with and without a graph, host bytes to host classes."""
+    lines = ["", "summary (medians)"]
+    for r in data.get("whole_call", []):
+        cud = r.get("cudnn_whole_call")
+        lines.append(f"  whole call {r['net']:>8} {r['images']:>6}: kit {r['kit_whole_call']['median_ms']:.3f} ms "
+                     f"(per-layer sum {r['kit_per_layer_sum_ms']:.3f})"
+                     + (f", cuDNN {cud['median_ms']:.3f} ms, ratio {r['cudnn_over_kit']:.2f}" if cud else ""))
+    for layer in dict.fromkeys(r["layer"] for r in data.get("fc", [])):
+        timed = [r for r in data["fc"] if r["layer"] == layer and "time" in r]
+        ours = [r for r in timed if not r["prototype"].startswith("torch")]
+        best = min(ours, key=lambda r: r["time"]["median_ms"], default=None)
+        given = next((r for r in ours if r["prototype"].startswith("given")), None)
+        blas = next((r for r in timed if r["prototype"].startswith("torch")), None)
+        parts = [f"given {given['time']['median_ms']:.3f} ms" if given else "",
+                 f"fastest {best['prototype']} {best['time']['median_ms']:.3f} ms" if best else "",
+                 f"cuBLAS {blas['time']['median_ms']:.3f} ms" if blas else ""]
+        lines.append(f"  fc {layer}: " + "; ".join(p for p in parts if p))
+    lo = data.get("launch_overhead", {})
+    if lo:
+        lines.append("  launch overhead: " + "; ".join(f"{k.removesuffix('_whole_call')} {lo[k]['median_ms']:.3f} ms"
+                                                         for k in ("engine_whole_call", "stream_whole_call",
+                                                                   "graph_whole_call") if k in lo))
+    pt = data.get("engine_capture_ptds", {})
+    if "graph_whole_call" in pt:
+        lines.append(f"  engine as is, per-thread default streams: call {pt['engine_whole_call']['median_ms']:.3f} ms,"
+                     f" its graph {pt['graph_whole_call']['median_ms']:.3f} ms")
+    e2e = data.get("end_to_end", {})
+    if "serial" in e2e:
+        best = min(e2e.get("streamed", []), key=lambda r: r["time"]["median_ms"], default=None)
+        lines.append(f"  end to end {e2e['images']} images: serial {e2e['serial']['median_ms']:.3f} ms" + (
+            f"; best streamed (chunks of {best['chunk']}, {best['streams']} streams) {best['time']['median_ms']:.3f} ms"
+            if best else ""))
+    return lines
+
+
 def versions() -> dict:
     out = {"labkit": lk.__version__, "numpy": np.__version__}
     for mod in ("numba", "numba_cuda", "cupy", "torch"):
@@ -920,6 +957,11 @@ def main(argv=None) -> int:
                 rep.say(f"{name}: releasing buffers failed afterwards: {type(exc).__name__}")
     rep.data["errors"] = errors
     rep.data["check_failures"] = rep.failures
+    try:
+        for line in closing_summary(rep.data):
+            rep.say(line)
+    except Exception as exc:  # noqa: BLE001 - the summary is a convenience; the results are in the JSON
+        rep.say(f"summary: {type(exc).__name__}: {exc}")
     rep.say(f"done: {len(rep.failures)} check failure(s), {len(errors)} section error(s)")
     (out / "whole_job_probe.json").write_text(json.dumps(rep.data, indent=1, default=str) + "\n")
     (out / "whole_job_probe.txt").write_text("\n".join(rep.lines) + "\n" + "".join(
