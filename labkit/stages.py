@@ -138,6 +138,11 @@ def unavailable(requires: tuple[str, ...]) -> str:
             why = cudacpu.available()
             if why:
                 return why
+        else:
+            from .device import info
+
+            if not info().cupy:
+                return "CUDA C on a GPU runs through cupy: install the cuda12 or cuda13 extra (labkit info says which)"
     if "cupy" in requires:
         from .device import info
 

@@ -21,6 +21,9 @@ SCALARS = {"i": (ctypes.c_int32, "int"), "I": (ctypes.c_uint32, "unsigned int"),
            "L": (ctypes.c_uint64, "unsigned long"), "f": (ctypes.c_float, "float"), "d": (ctypes.c_double, "double")}
 
 
+HINTS = {"i": "an np.int32", "f": "an np.float32", "d": "an np.float64", "l": "an np.int64"}
+
+
 class LaunchError(RuntimeError):
     """A launch the CPU emulation refused or that failed (an illegal memory access)."""
 
@@ -135,7 +138,7 @@ def pack(name: str, signature: str, args: tuple) -> list:
         else:
             ok = isinstance(a, int | np.integer) and not isinstance(a, bool)
         if not ok:
-            raise LaunchError(f"{name}: argument {k} is a {c_name} parameter, got a {type(a).__name__} "
-                              f"({'np.float32' if code == 'f' else 'np.int32' if code == 'i' else c_name})")
+            raise LaunchError(f"{name}: argument {k} is for a parameter of type {c_name}: pass "
+                              f"{HINTS.get(code, c_name)}, not a {type(a).__name__}")
         out.append(kind(a.item() if isinstance(a, np.generic) else a))
     return out
