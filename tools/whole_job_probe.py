@@ -934,6 +934,11 @@ def main(argv=None) -> int:
     if device.info().kind != "gpu" and not args.quick:
         rep.say("no GPU here: the timings mean nothing; --quick runs the correctness paths at toy sizes")
     variants = load_variants()
+    for net, images in (("cifar10", 50000), ("fashion", 10000)):  # what the tuned variants run here
+        kept = lk.tune.stored(net, images)
+        rep.data["meta"][f"tuned_{net}"] = kept and {"device": kept["device"], "choice": kept["choice"]}
+        rep.say(f"tuned_{net}: " + (f"{kept['device']}'s choice {kept['choice']}" if kept else
+                                    "no committed choice: the pooled kernel in every conv layer"))
     errors = {}
     jobs = [("1", "whole_call", lambda: whole_call(rep, variants, plan["cases"], plan["repeat"], args.reference_max)),
             ("2", "fc", lambda: fc_section(rep, args.quick, plan["fc_repeat"])),
