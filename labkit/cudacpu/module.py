@@ -133,8 +133,10 @@ def pack(name: str, signature: str, args: tuple) -> list:
             out.append(ctypes.c_void_p(address))
             continue
         kind, c_name = SCALARS[code]
-        if code in "fd":
-            ok = isinstance(a, float | np.floating) or (isinstance(a, int | np.integer) and not isinstance(a, bool))
+        if code == "f":  # cupy passes a Python float as a double: on a GPU a float parameter would read garbage
+            ok = isinstance(a, np.float32)
+        elif code == "d":
+            ok = isinstance(a, float | np.float64)
         else:
             ok = isinstance(a, int | np.integer) and not isinstance(a, bool)
         if not ok:
