@@ -62,6 +62,10 @@ def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "
         raise ValueError(f"tile {BM}x{BN} is not a whole number of {TM}x{TN} thread tiles")
     TX, TY = BN // TN, BM // TM  # threads along features, along images
     NT = TX * TY
+    if NT % BK:
+        raise ValueError(f"{NT} threads do not load whole rows of {BK} inputs")
+    RSTEP = NT // BK  # rows of a slice the block loads per pass: each thread one input column, fixed per thread
+    XPASS, WPASS = -(-BM // RSTEP), -(-BN // RSTEP)  # constant trip counts: unrolled, no division per element
     XC, WC = BM + 1, BN + 1  # padded rows: the transposing stores miss no bank
     ATOMIC, PARTIAL = mode == "atomic", mode == "partial"
     jit = cuda.jit(max_registers=regs) if regs and not lk.simulator.active() else cuda.jit  # the simulator: no cap
@@ -77,6 +81,7 @@ def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "
         wv = cuda.local.array(TN, float32)
         t = cuda.threadIdx.x
         tx, ty = t % TX, t // TX
+        lc, lr = t % BK, t // BK  # the input column this thread loads, its first row
         n0, o0, z = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN, cuda.blockIdx.z
         kbeg = z * kchunk
         kend = min(IN, kbeg + kchunk)
@@ -84,12 +89,15 @@ def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "
             for j in range(TN):
                 acc[i, j] = float32(0.0)
         for k0 in range(kbeg, kend, BK):
-            for e in range(t, BM * BK, NT):
-                r, c = e // BK, e % BK
-                xs[c, r] = x[n0 + r, k0 + c] if n0 + r < N and k0 + c < kend else float32(0.0)
-            for e in range(t, BN * BK, NT):
-                r, c = e // BK, e % BK
-                ws[c, r] = w[o0 + r, k0 + c] if o0 + r < OUT and k0 + c < kend else float32(0.0)
+            k = k0 + lc
+            for q in range(XPASS):
+                r = lr + q * RSTEP
+                if r < BM:
+                    xs[lc, r] = x[n0 + r, k] if n0 + r < N and k < kend else float32(0.0)
+            for q in range(WPASS):
+                r = lr + q * RSTEP
+                if r < BN:
+                    ws[lc, r] = w[o0 + r, k] if o0 + r < OUT and k < kend else float32(0.0)
             cuda.syncthreads()
             for kk in range(BK):
                 for i in range(TM):
@@ -199,10 +207,12 @@ def fc_split_reduce(BM, BN, TM, TN, splits, BK=16, regs=0):
 def fc_prototypes(features: int, quick: bool) -> list:
     """The given kernel and the prototypes for a layer of ``features`` outputs: tiles whose feature width covers
     the layer in one or two tiles (160 = 16 x 10, 140 = 14 x 10), and split-K over those tiles."""
-    if quick:  # simulator: a handful of threads per block, the same code paths (ragged tiles, uneven K splits)
+    if quick:  # simulator: a handful of threads per block, the same code paths (ragged tiles, uneven K splits;
+        # 6 x 12 tiles of 8 threads load 4 rows of 2 inputs per pass: the second pass runs 2 rows past the tile)
         tile = (8, 10, 2, 5, 8)
         return [kernels.fc, fc_tiles(*tile), fc_split_atomic(*tile[:4], 3, BK=8),
-                fc_split_reduce(*tile[:4], 3, BK=8), fc_split_reduce(*tile[:4], 7, BK=8)]
+                fc_split_reduce(*tile[:4], 3, BK=8), fc_split_reduce(*tile[:4], 7, BK=8),
+                fc_tiles(6, 12, 3, 3, 2), fc_split_atomic(6, 12, 3, 3, 4, BK=2)]
     protos = [kernels.fc]
     tiles = []  # (BM, BN, TM, TN, BK)
     if features % 10 == 0:  # one tile of all features: 16 x 10 threads' columns for 160, 14 x 10 for 140
@@ -220,8 +230,8 @@ def fc_prototypes(features: int, quick: bool) -> list:
             protos.append(fc_split_reduce(*t[:4], s, BK=t[4]))
     if features % 10 == 0:
         protos.append(fc_split_reduce(*tiles[-1][:4], 8, BK=tiles[-1][4]))
-        # ptxas (sm_90) gives the 8 x 10 tile 216 registers and the 4 x 10 one 164 without spills: one block of
-        # 256 threads per SM; capped at 128, two blocks fit, at 288 and 144 bytes of spills
+        # ptxas (sm_90) gives the 8 x 10 tile (BK 16) 166 registers and the 4 x 10 one 160, without spills: one
+        # block of 256 threads per SM; capped at 128, two blocks fit, at 280 and 52 bytes of spill loads
         for t in tiles[:2]:
             protos.append(fc_tiles(*t, regs=128))
             protos.append(fc_split_reduce(*t[:4], 8, BK=t[4], regs=128))
