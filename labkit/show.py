@@ -97,8 +97,9 @@ def _target(fn, layer, fuse, arrays, stage) -> dict:
             raise ValueError(f"variant {fn.name} has no function for {layer}")
         if fn.target != "gpu":
             raise ValueError(f"variant {fn.name} is CPU code: lk.show draws GPU kernels' accesses")
-        if fn.unavailable():
-            raise ValueError(f"variant {fn.name} {fn.unavailable()}: the simulator cannot run CUDA C")
+        if fn.unavailable() or "cuda_c" in fn.requires:
+            raise ValueError(f"variant {fn.name} is CUDA C: lk.show records the accesses of numba kernels on the "
+                             f"simulator, not CUDA C's")
         return {"fn": getattr(impl, "__wrapped__", impl), "fuse": fuse if fuse is not None else fn.fuse,
                 "arrays": arrays or "device", "stage": stage or fn.stage, "name": fn.label, "variant": fn.name}
     if not callable(fn):
