@@ -45,6 +45,9 @@ from numba import cuda, float32  # noqa: E402
 
 SOLUTION_09 = REPO / "solutions" / "09_per_layer_tuning.ipynb"
 MAX_REL_ERROR = 1e-4
+#: unsigned indices in the fc tiles' loops: numba then leaves out its negative-index wraparound, which took a third
+#: of the registers (ptxas, sm_90: 166 -> 128 for the 8 x 10 tile, 160 -> 88 for 4 x 10, no spills)
+U = np.uint64
 
 
 # ----------------------------------------------------------------------------------------------- fc prototypes
@@ -93,17 +96,17 @@ def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "
             for q in range(XPASS):
                 r = lr + q * RSTEP
                 if r < BM:
-                    xs[lc, r] = x[n0 + r, k] if n0 + r < N and k < kend else float32(0.0)
+                    xs[U(lc), U(r)] = x[U(n0 + r), U(k)] if n0 + r < N and k < kend else float32(0.0)
             for q in range(WPASS):
                 r = lr + q * RSTEP
                 if r < BN:
-                    ws[lc, r] = w[o0 + r, k] if o0 + r < OUT and k < kend else float32(0.0)
+                    ws[U(lc), U(r)] = w[U(o0 + r), U(k)] if o0 + r < OUT and k < kend else float32(0.0)
             cuda.syncthreads()
             for kk in range(BK):
                 for i in range(TM):
-                    xv[i] = xs[kk, ty + i * TY]
+                    xv[i] = xs[U(kk), U(ty + i * TY)]
                 for j in range(TN):
-                    wv[j] = ws[kk, tx + j * TX]
+                    wv[j] = ws[U(kk), U(tx + j * TX)]
                 for i in range(TM):
                     for j in range(TN):
                         acc[i, j] += xv[i] * wv[j]
@@ -230,11 +233,10 @@ def fc_prototypes(features: int, quick: bool) -> list:
             protos.append(fc_split_reduce(*t[:4], s, BK=t[4]))
     if features % 10 == 0:
         protos.append(fc_split_reduce(*tiles[-1][:4], 8, BK=tiles[-1][4]))
-        # ptxas (sm_90) gives the 8 x 10 tile (BK 16) 166 registers and the 4 x 10 one 160, without spills: one
-        # block of 256 threads per SM; capped at 128, two blocks fit, at 280 and 52 bytes of spill loads
-        for t in tiles[:2]:
-            protos.append(fc_tiles(*t, regs=128))
-            protos.append(fc_split_reduce(*t[:4], 8, BK=t[4], regs=128))
+        # ptxas (sm_90): 128 registers for 8 x 10 (two blocks of 256 threads per SM), 88-94 for 4 x 10 and 8 x 5;
+        # capped at 80, three blocks fit, at 16-36 bytes of spills
+        protos += [fc_tiles(*tiles[1], regs=80), fc_split_reduce(*tiles[1][:4], 8, BK=tiles[1][4], regs=80),
+                   fc_tiles(*tiles[2], regs=80)]
     return protos
 
 
