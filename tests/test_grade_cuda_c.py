@@ -2,8 +2,9 @@
 from the solution only inside its register-tile CUDA C source (``#define INSIDE 1``: windows read across the image's
 edge, the padding ignored) gets that kernel's FAIL from the grader, as from its self-check.
 
-CUDA C runs through cupy: on a GPU, or wherever ``labkit.stages.unavailable(("cupy",))`` says it can (a CPU
-emulation of CUDA C); elsewhere this test skips with the reason. Run on a GPU with:
+CUDA C runs through cupy on a GPU, and on the CPU emulation of CUDA C (``labkit.cudacpu``) elsewhere, in the
+grader's sandbox too; where ``labkit.stages.unavailable(("cuda_c",))`` says neither can, this test skips with the
+reason. Run on a GPU with:
 
     LABKIT_TEST_GPU=1 .venv/bin/pytest -q tests/test_grade_cuda_c.py -p no:cacheprovider
 
@@ -24,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import wrong_submissions as ws  # noqa: E402
 
-WHY = stages.unavailable(("cupy",))
+WHY = stages.unavailable(("cuda_c",))
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"CUDA C cannot run here: {WHY}")
 KIND = "cuda_c_wrong_source"
 

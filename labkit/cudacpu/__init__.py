@@ -1,7 +1,8 @@
-"""CUDA C without a GPU: a kit kernel's source compiled for this CPU with a thin header of the CUDA built-ins it
-uses (``header.h``), its blocks run one after another and each block's threads as cooperative threads with a real
-barrier (``runtime.inc``), behind the part of ``cupy.RawModule`` the kit uses (``Module``). ``labkit.gpu.raw_module``
-hands one out where no GPU runs CUDA C; check lines of such runs say "CPU emulation".
+"""CUDA C without a GPU: a kit kernel's source compiled for this CPU (``compiler``) with a thin header of the CUDA
+built-ins it uses (``sources.HEADER``), its blocks run one after another and each block's threads as cooperative
+threads with a real barrier (``sources.LAUNCHER``), behind the part of ``cupy.RawModule`` the kit uses
+(``module.Module``). ``labkit.gpu.raw_module`` hands one out where there is no GPU; check lines of such runs say
+"CPU emulation of CUDA C".
 """
 
 from __future__ import annotations

@@ -24,10 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-HEADER = HERE / "header.h"
-LAUNCHER = HERE / "launcher.cpp"
-TRAMPOLINES = HERE / "trampolines.inc"
+from . import sources
+
 ENV = "LABKIT_CXX"
 INSTALL = "pip install ziglang"
 FLAGS = ("-x", "c++", "-std=c++14", "-O0", "-fPIC", "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",
@@ -105,7 +103,7 @@ def kernels(code: str) -> list[str]:
 def translation_unit(code: str) -> str:
     """What is compiled of a source: the source, then a trampoline per kernel (the header comes by -include)."""
     trampolines = "".join(f"CUDACPU_KERNEL({name})\n" for name in kernels(code))
-    return f'{code}\n#line 1 "cudacpu-trampolines"\n{TRAMPOLINES.read_text()}\n{trampolines}'
+    return f'{code}\n#line 1 "cudacpu-trampolines"\n{sources.TRAMPOLINES}\n{trampolines}'
 
 
 def build(code: str, options=()) -> Path:
@@ -115,19 +113,22 @@ def build(code: str, options=()) -> Path:
         raise NoCompiler(missing())
     options = tuple(str(o) for o in options)
     unit = translation_unit(code)
-    tools = [*command, version(command), HEADER.read_text(), *FLAGS]
+    tools = [*command, version(command), sources.HEADER, *FLAGS]
     target = cache_folder() / f"{_key(unit, *options, *tools)}.so"
     if target.exists():
         return target
-    launcher = cache_folder() / f"launcher-{_key(LAUNCHER.read_text(), *tools)}.o"
+    launcher = cache_folder() / f"launcher-{_key(sources.LAUNCHER, *tools)}.o"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        source, obj, lib = Path(tmp) / "kernel.cu.cpp", Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        header, source = Path(tmp) / "cudacpu.h", Path(tmp) / "kernel.cu.cpp"
+        obj, lib = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        header.write_text(sources.HEADER)
         if not launcher.exists():  # its own translation unit: no option of a kernel's reaches it
-            _run([*command, *FLAGS, "-c", str(LAUNCHER), "-o", str(obj)])
+            (Path(tmp) / "launcher.cpp").write_text(sources.LAUNCHER)
+            _run([*command, *FLAGS, "-c", str(Path(tmp) / "launcher.cpp"), "-o", str(obj)])
             os.replace(obj, launcher)
         source.write_text(unit)
-        _run([*command, *FLAGS, "-include", str(HEADER), *options, "-c", str(source), "-o", str(obj)])
+        _run([*command, *FLAGS, "-include", str(header), *options, "-c", str(source), "-o", str(obj)])
         _run([*command, "-shared", "-nostdlib", str(obj), str(launcher), "-o", str(lib)])
         os.replace(lib, target)  # atomic: a concurrent build of the same key leaves one whole file
     return target

@@ -1,4 +1,60 @@
-// The launcher: a translation unit of its own (so that no macro of a kernel's -D options reaches it), linked into
+"""The C++ that labkit.cudacpu compiles beside a kernel, kept as Python strings so that it travels wherever the
+package's modules do (the grader's private copy of labkit takes its .py files only).
+
+HEADER is force-included (``-include``) before a kernel's source: the CUDA built-ins the kit's kernels use.
+LAUNCHER is a translation unit of its own, linked into every kernel's library: blocks, threads, the barrier.
+TRAMPOLINES follow the kernel's source: per ``__global__`` kernel, its parameters' kinds and a call from Python.
+"""
+
+HEADER = r"""// The CUDA built-ins the kit's kernels use, for a CPU: force-included (-include) before a CUDA C source that
+// labkit.cudacpu compiles as C++ for this machine. Each CUDA thread of a block runs as a cooperative thread
+// (LAUNCHER) that gives way only at __syncthreads(); threadIdx is set for it whenever it resumes. A kernel's
+// -D options may define any short name as a macro: every name of this file is CUDA's own or starts with cudacpu.
+#pragma once
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+struct uint3 {
+    unsigned int x, y, z;
+};
+struct dim3 {
+    unsigned int x, y, z;
+};
+
+extern "C" {
+// the thread that is running, its block, the launch's shapes: written by the launcher before each switch
+extern uint3 threadIdx;
+extern uint3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+void cudacpu_syncthreads(void);
+}
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+// a plain global: dlsym finds it by name (get_global), its size comes from the symbol table
+#define __constant__ __attribute__((visibility("default"), used))
+// static storage in one section the launcher fills with NaN before each block; "used" keeps the compiler from
+// assuming that the other threads (entered through an opaque context switch) cannot change it
+#define __shared__ static __attribute__((section("cudacpu_shared"), used))
+#define __syncthreads() cudacpu_syncthreads()
+#define warpSize 32
+
+template <typename cudacpu_T> static __forceinline__ cudacpu_T __ldg(const cudacpu_T* cudacpu_p) { return *cudacpu_p; }
+static __forceinline__ int min(int cudacpu_a, int cudacpu_b) { return cudacpu_a < cudacpu_b ? cudacpu_a : cudacpu_b; }
+static __forceinline__ int max(int cudacpu_a, int cudacpu_b) { return cudacpu_a > cudacpu_b ? cudacpu_a : cudacpu_b; }
+static __forceinline__ float __fdividef(float cudacpu_a, float cudacpu_b) { return cudacpu_a / cudacpu_b; }
+"""
+
+LAUNCHER = r"""// The launcher: a translation unit of its own (so that no macro of a kernel's -D options reaches it), linked into
 // every kernel's shared library (labkit.cudacpu.compiler).
 // A block's threads are cooperative threads, each with its own stack (ucontext), switched only at
 // __syncthreads(): a real barrier, as no thread passes it before every thread of its block has reached it or
@@ -7,7 +63,7 @@
 // was filled with, whichever neighbour writes it. Blocks run one after another, on the calling OS thread.
 // A thread's context is made once (makecontext); later switches are _setjmp/_longjmp, which save no signal mask:
 // a context switch costs no system call.
-#include "header.h"
+#include "cudacpu.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -173,3 +229,48 @@ extern "C" __attribute__((visibility("default"))) long cudacpu_symbol_size(void*
     return (long)symbol->st_size;
 }
 
+"""
+
+TRAMPOLINES = r"""// Appended to a kernel's source (labkit.cudacpu.compiler): per __global__ kernel, CUDACPU_KERNEL(name) exports
+// its parameters' kinds for Python and a call from an array of pointers to the arguments (as cuLaunchKernel's).
+// Every name here starts with cudacpu: a kernel's -D options may define any short name as a macro.
+namespace cudacpu_detail {
+template <typename cudacpu_T> struct cudacpu_Kind { static constexpr char code = '?'; };
+template <typename cudacpu_T> struct cudacpu_Kind<cudacpu_T*> { static constexpr char code = 'p'; };
+template <> struct cudacpu_Kind<int> { static constexpr char code = 'i'; };
+template <> struct cudacpu_Kind<unsigned int> { static constexpr char code = 'I'; };
+template <> struct cudacpu_Kind<long> { static constexpr char code = 'l'; };
+template <> struct cudacpu_Kind<unsigned long> { static constexpr char code = 'L'; };
+template <> struct cudacpu_Kind<long long> { static constexpr char code = 'l'; };
+template <> struct cudacpu_Kind<unsigned long long> { static constexpr char code = 'L'; };
+template <> struct cudacpu_Kind<float> { static constexpr char code = 'f'; };
+template <> struct cudacpu_Kind<double> { static constexpr char code = 'd'; };
+
+template <typename... cudacpu_A> struct cudacpu_Signature {
+    static constexpr char text[] = {cudacpu_Kind<cudacpu_A>::code..., 0};
+};
+template <typename... cudacpu_A> constexpr char cudacpu_Signature<cudacpu_A...>::text[];
+template <typename... cudacpu_A> constexpr const char* cudacpu_signature(void (*)(cudacpu_A...)) {
+    return cudacpu_Signature<cudacpu_A...>::text;
+}
+
+template <int... cudacpu_I> struct cudacpu_Sequence {};
+template <int cudacpu_N, int... cudacpu_I> struct cudacpu_Make : cudacpu_Make<cudacpu_N - 1, cudacpu_N - 1, cudacpu_I...> {};
+template <int... cudacpu_I> struct cudacpu_Make<0, cudacpu_I...> { typedef cudacpu_Sequence<cudacpu_I...> type; };
+template <typename... cudacpu_A, int... cudacpu_I>
+void cudacpu_invoke(void (*cudacpu_f)(cudacpu_A...), void** cudacpu_a, cudacpu_Sequence<cudacpu_I...>) {
+    cudacpu_f(*(cudacpu_A*)cudacpu_a[cudacpu_I]...);
+}
+template <typename... cudacpu_A> void cudacpu_call(void (*cudacpu_f)(cudacpu_A...), void** cudacpu_a) {
+    cudacpu_invoke(cudacpu_f, cudacpu_a, typename cudacpu_Make<sizeof...(cudacpu_A)>::type());
+}
+}  // namespace cudacpu_detail
+
+#define CUDACPU_KERNEL(cudacpu_name)                                                                              \
+    extern "C" __attribute__((visibility("default"))) const char* cudacpu_signature_##cudacpu_name(void) {      \
+        return cudacpu_detail::cudacpu_signature(&cudacpu_name);                                                  \
+    }                                                                                                             \
+    extern "C" __attribute__((visibility("default"))) void cudacpu_call_##cudacpu_name(void** cudacpu_a) {      \
+        cudacpu_detail::cudacpu_call(&cudacpu_name, cudacpu_a);                                                   \
+    }
+"""
