@@ -24,15 +24,17 @@ def available() -> str:
 
 
 def sandbox_paths() -> list[str]:
-    """Folders a grading sandbox must let the child read for the compiler: a ``$LABKIT_CXX`` outside the system
-    folders and the Python environment (ziglang lives in the environment, which the sandbox binds already)."""
+    """Folders a grading sandbox must let the child read for the compiler: the toolchain of a ``$LABKIT_CXX``
+    (the folder above its ``bin/``, where its headers and libraries are). ziglang lives in the Python environment and
+    a system compiler in /usr, which the sandbox binds already: nothing more for those."""
     import os
-    import shutil
     import shlex
+    import shutil
 
-    command = find_compiler()
     named = os.environ.get("LABKIT_CXX", "").strip()
-    if not command or not named:
+    if not named or find_compiler() is None:
         return []
-    path = shutil.which(shlex.split(named)[0]) or shlex.split(named)[0]
-    return [os.path.dirname(os.path.realpath(path))]
+    first = shlex.split(named)[0]
+    folder = os.path.dirname(os.path.realpath(shutil.which(first) or first))
+    root = os.path.dirname(folder) if os.path.basename(folder) == "bin" else folder
+    return [] if root == "/usr" or root.startswith("/usr/") else [root]

@@ -36,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+from .. import cudacpu
 from .rubric import GradeError
 
 MODES = ("bwrap", "apptainer", "docker")
@@ -97,6 +98,7 @@ def kit_paths() -> list[str]:
         found.add(site.getusersitepackages())
     for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
         found.update(p for p in os.environ.get(var, "").split(os.pathsep) if p)
+    found.update(cudacpu.sandbox_paths())  # a $LABKIT_CXX outside the system folders (CUDA C without a GPU)
     paths = {os.path.realpath(p) for p in found} | {os.path.abspath(p) for p in found}
     keep = sorted(p for p in paths if os.path.exists(p) and not checkout.is_relative_to(p))
     return [p for p in keep if not _covered(p, keep) and not _covered(p, SYSTEM)]
