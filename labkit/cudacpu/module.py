@@ -80,7 +80,7 @@ class Kernel:
 
     def __init__(self, module: Module, name: str, call, signature: str):
         self.module, self.name, self._call, self.signature = module, name, call, signature
-        self.attributes: dict = {}  # cupy's RawKernel has the compiled kernel's; the CPU has no such figures
+        self.attributes = None  # cupy's RawKernel has the compiled kernel's (registers, memory); a CPU has none
 
     def __call__(self, grid, block, args, shared_mem: int = 0):
         if shared_mem:
