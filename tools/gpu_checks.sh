@@ -16,13 +16,15 @@ step() {
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
 }
 want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
-WANT="${*:-sandbox cudac tests wrong memcheck}"
+WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe
 want sandbox && step sandbox "$PY" tools/sandbox_gpu_check.py --out "$OUT/files/sandbox"
 want cudac && [ -f tools/cuda_c_wrong_kernels.py ] && step cudac "$PY" tools/cuda_c_wrong_kernels.py --out "$OUT/files/cudac"
 want tests && step tests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rs \
-  tests/test_grade_cuda_c.py tests/test_lessons.py tests/test_boundaries.py tests/test_show.py tests/test_release.py \
+  tests/test_grade_cuda_c.py tests/test_lessons.py tests/test_boundaries.py tests/test_show.py tests/test_check.py \
   $(ls tests/test_cuda_cpu.py 2>/dev/null)
+want notebooks && step notebooks "$PY" -m pytest -q -p no:cacheprovider --nbval-lax ${NOTEBOOKS:-solutions/06_constant_memory.ipynb solutions/09_per_layer_tuning.ipynb}
 want wrong && step wrong "$PY" tests/wrong_submissions.py --table --no-selfcheck --json "$OUT/files/wrong_gpu.json" \
   --kinds ${WRONG_KINDS:-cuda_c_wrong_source untimed_layer memo_content timed_only_library pad_border_nan}
+want probe && [ -f tools/whole_job_probe.py ] && step probe "$PY" tools/whole_job_probe.py --out "$OUT/files/probe"
 want memcheck && step memcheck "$PY" tools/memcheck.py --out "$OUT/files/memcheck" --stages 05 09
 tar czf "$OUT/all.tgz" -C "$OUT" files
