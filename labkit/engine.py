@@ -134,6 +134,9 @@ def _download(y) -> np.ndarray:
 
 #: NaN elements after a checked layer's output on the device, looked at after the call
 OUT_GUARD = 1024
+#: the guard's bits: a NaN of its own. A spare thread that read the NaN margins of its inputs writes NaN past the end
+#: of out, so "anything not NaN there" would miss it; any write changes these bits (arithmetic gives other NaN)
+GUARD_BITS = np.uint32(0x7FC0BEEF)
 #: NaN elements before and after every input a checked layer is handed (x, its weights, its bias), on the host and
 #: on the device: each input is a contiguous view into the middle of a longer NaN buffer, so a kernel that reads
 #: past either end of an input (a window across the image's edge, an index before the first element) reads NaN
@@ -194,10 +197,12 @@ def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dic
         if device:
             # out is the front of a longer NaN buffer: a GPU does not check bounds, so a thread without a guard
             # writes past the end unseen unless something there is looked at afterwards
-            whole = gpu.to_device(np.full(size + OUT_GUARD, np.nan, np.float32))
+            host = np.full(size + OUT_GUARD, np.nan, np.float32)
+            host[size:].view(np.uint32)[:] = GUARD_BITS
+            whole = gpu.to_device(host)
             outd = whole[:size].reshape(shape)
             fn(*arguments(xv, views, outd))
-            past = np.count_nonzero(~np.isnan(gpu.as_host(whole)[size:]))
+            past = np.count_nonzero(gpu.as_host(whole)[size:].view(np.uint32) != GUARD_BITS)
             if past:
                 raise IndexError(f"{past} value(s) written out of bounds, past the end of out ({size} elements): "
                                  f"a thread without a guard (if t < out.size)?")

@@ -58,7 +58,7 @@ def test_gpu_target_is_shrunk_under_the_simulator_with_distinct_channel_counts()
     r = check.check_layer(spy, "cifar10", "conv2", quiet=True)
     (xs, ws), *_ = seen
     if ON_GPU:  # a real GPU checks the real layer at the real batch sizes
-        assert (xs[1:], ws) == ((16, 16, 16), (20, 16, 5, 5)) and r.batches == check.BATCHES
+        assert (xs[1:], ws) == ((16, 16, 16), (20, 16, 5, 5)) and r.batches == (*check.BATCHES, *simulator.BATCHES)
     else:
         assert r.batches == simulator.BATCHES and any(b > 4 and b % 2 for b in r.batches)
         assert xs[1] == ws[1] and ws[0] != ws[1], "M must differ from C so swapped indices fail"
@@ -261,7 +261,8 @@ def test_a_kernel_without_a_guard_fails_even_where_a_gpu_checks_no_bounds():
 
 
 @pytest.mark.skipif(ON_GPU, reason="writes past the end through the simulator's host array (the GPU test is above)")
-def test_values_written_past_the_end_of_out_are_found_by_the_guard():
+@pytest.mark.parametrize("value", [1.0, np.nan])  # NaN: what a spare thread writes after reading an input's margin
+def test_values_written_past_the_end_of_out_are_found_by_the_guard(value):
     """What a GPU does with an unguarded thread, done here by hand: right values in out, three more after its end.
     The simulator's own bounds checks cannot see this write; only the guard after out can."""
     from buggy_kernels import device_conv
@@ -269,7 +270,7 @@ def test_values_written_past_the_end_of_out_are_found_by_the_guard():
     def spills(x, w, b, out, pad, stride):
         device_conv(x, w, b, out, pad, stride)
         flat = out._ary.reshape(-1)  # the simulator's numpy view; its memory goes on into the guard
-        np.lib.stride_tricks.as_strided(flat, shape=(flat.size + 3,))[flat.size:] = 1.0
+        np.lib.stride_tricks.as_strided(flat, shape=(flat.size + 3,))[flat.size:] = value
 
     r = lk.check_layer(spills, "cifar10", "conv2", arrays="device", quiet=True)
     assert not r.passed and "3 value(s) written out of bounds, past the end of out" in r.detail, str(r)
