@@ -159,6 +159,11 @@ def main(argv=None) -> int:
     if why:
         print(f"cuda_c_wrong_kernels: CUDA C cannot run here: {why}", file=sys.stderr)
         return 2
+    convs = lk.get_net("cifar10").conv_layers
+    if args.layer not in convs:
+        print(f"cuda_c_wrong_kernels: --layer {args.layer}: cifar10's conv layers are {', '.join(convs)}",
+              file=sys.stderr)
+        return 2
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         print(f"cuda_c_wrong_kernels: --out {args.out} is a file: give a folder", file=sys.stderr)
         return 2
