@@ -256,9 +256,11 @@ def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, q
             break
         result.batches = tuple(batches)
     if gpu.emulated_launches() > emulated:
-        from .cudacpu import LABEL
+        from .cudacpu import LABEL, NAN_HINT
 
         result.emulated = LABEL
+        if not result.passed and "still NaN" in result.detail:
+            result.detail += NAN_HINT
     if not quiet:
         print(result)
     return result

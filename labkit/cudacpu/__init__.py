@@ -11,8 +11,11 @@ from .compiler import CompileError, NoCompiler, build, find_compiler, kernels
 from .module import Global, Kernel, LaunchError, Module
 
 LABEL = "CPU emulation of CUDA C"
+#: what a check adds to a NaN output of an emulated kernel: shared memory starts as NaN in every block here
+NAN_HINT = ("; on the CPU emulation shared memory starts as NaN: a read before the __syncthreads() that follows "
+            "its store, or of an element never staged (the halo)?")
 
-__all__ = ["LABEL", "CompileError", "Global", "Kernel", "LaunchError", "Module", "NoCompiler", "available", "build",
+__all__ = ["LABEL", "NAN_HINT", "CompileError", "Global", "Kernel", "LaunchError", "Module", "NoCompiler", "available", "build",
            "find_compiler", "kernels", "sandbox_paths"]
 
 
