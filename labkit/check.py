@@ -355,7 +355,10 @@ def check_variant(variant: Variant, net: str | Net | None = None, quiet: bool = 
                 if spec is not nets[0]:
                     r.name = f"{spec.name} {r.name}"
                 r.given = origin(fn, variant.stage) or ""
-                if not r.passed and variant.target == "gpu" and layer.kind == "conv" and " element" in r.detail and not r.emulated: r.detail += f"; to see the thread that wrote it, yours vs the spec: lk.show.failure(VARIANTS[{variant.name!r}], {spec.name!r}, {layer.name!r})"  # noqa: E501,E701
+                drawable = variant.target == "gpu" and layer.kind == "conv" and not r.emulated
+                if not r.passed and drawable and " element" in r.detail:
+                    r.detail += (f"; to see the thread that wrote it, yours vs the spec: lk.show.failure(VARIANTS"
+                                 f"[{variant.name!r}], {spec.name!r}, {layer.name!r})")
                 if not quiet:
                     print(r)
                 done[key] = r

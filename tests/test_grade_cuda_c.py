@@ -41,3 +41,8 @@ def test_a_wrong_cuda_c_kernel_fails_in_the_grader_as_in_its_self_check(tmp_path
     layer = line.split(":", 1)[0].split("+")[0]
     assert row["status"] == "fail" and row["score"] == 0, row["message"]
     assert f"{layer}: FAIL" in row["message"], (line, row["message"])
+    from labkit import device
+
+    if not device.is_gpu():  # the row says where its CUDA C ran, as the self-check's lines do
+        assert "CPU emulation of CUDA C" in row["message"], row["message"]
+        assert "CPU emulation of CUDA C" in line, line

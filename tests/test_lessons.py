@@ -275,8 +275,8 @@ def test_tile_steps_skip_in_one_line_without_a_gpu(monkeypatch, capsys):
     assert len(results) == len(tile_steps.STEPS) and not any(results)
 
 
-needs_cuda_c = pytest.mark.skipif(bool(stages.unavailable(("cupy",))), reason="CUDA C steps need a real GPU with "
-                                  "cupy (LABKIT_TEST_GPU=1 on a GPU machine)")
+needs_cuda_c = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))),
+                                  reason=f"CUDA C steps cannot run here: {stages.unavailable(('cuda_c',))}")
 
 #: one mistake per step, each a plausible student error; the step's check must FAIL on it
 BROKEN = {

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import reference
+from ..cudacpu import LABEL as CUDA_C_LABEL
 from ..check import CheckResult, compare, layer_case, network_case
 from ..nets import get_net
 from . import hints, sandbox, scoring
@@ -379,9 +380,11 @@ class Job:
             res = self.outcome.checks.get(msg.id)
             answer(P.Answer.CONTINUE if res is not None and res.passed else P.Answer.STOP)
 
-    def _on_checks_done(self, msg, payload, answer) -> None:
+    def _on_checks_done(self, msg: P.ChecksDone, payload, answer) -> None:
         o = self.outcome
         o.checks_done = True
+        if msg.emulated:
+            o.notes.append(f"its CUDA C ran on the {CUDA_C_LABEL} (labkit.cudacpu): the checks a GPU runs, no timing")
         answer(P.Answer.CONTINUE if scoring.checks_passed(o) and not o.forbidden else P.Answer.STOP)
 
     def _on_technique(self, msg: P.Technique, payload, answer) -> None:

@@ -305,7 +305,7 @@ class CaseResult(Message):
 @_message(Kind.CHECKS_DONE)
 @dataclasses.dataclass
 class ChecksDone(Message):
-    pass
+    emulated: int = 0  # CUDA C launches the checks ran on the CPU emulation (labkit.cudacpu)
 
 
 @_message(Kind.TECHNIQUE)

@@ -522,7 +522,7 @@ class StudentPhases:
             if not self._check(case):
                 failed.add(key)
                 broken.add(key[:2])
-        ctx.send(P.ChecksDone())
+        ctx.send(P.ChecksDone(emulated=gpu.emulated_launches()))
         return ctx.answer() is P.Answer.CONTINUE
 
     def _check(self, case: P.CaseSpec) -> bool:
