@@ -501,7 +501,9 @@ KINDS: dict[str, Kind] = {
     "channel_race": Kind(channel_race, "one thread per (output, input channel), plain += into out", "fail",
                          ("data race", "write conflict", "out["), True),
     "out_of_bounds": Kind(out_of_bounds, "no thread guard: spare threads read past the end", "fail",
-                          ("out of bounds",), True),
+                          ("out of bounds",), True,
+                          gpu="fail: the real sizes fill whole blocks, the boundary shapes after them have spare "
+                              "threads, which write into the guard after out"),
     "grid": Kind(grid, "grid y = max(N // 4, 1), four images per block row", "fail",
                  ("batch size 35", "only images 0 to 31"), True),  # labkit.simulator.BATCHES[-1]: 35 images
     "cached": Kind(cached, "first result per shape cached and handed back", "fail", ("cached",), None),
