@@ -8,7 +8,7 @@ The leak search (``verify``) takes every line that ``tools/make_student.py`` str
 NN or later (the solution blocks, Python and CUDA C alike), whitespace-normalised, at least ``MIN_CHARS`` long, and
 not also public by construction (in a student notebook of any stage, or in the released given code, as a line or
 within one), and looks for it in every file of the release: inside JSON strings (notebooks, results), text files,
-and the bytes of the rest.
+and the bytes of the rest. In the kit's own Python a single line of a stage is not counted (``_copied``).
 ``build`` runs it and fails when it finds anything.
 """
 
@@ -28,6 +28,11 @@ from . import given, nbcells
 from .stages import REPO, STAGES, STUB_MARK
 
 MIN_CHARS = 12  # shorter solution lines ("return out", "acc = 0.0") are too common to mean anything
+KIT_LINES = 2  # lines of one stage's solutions in one file of the kit's own Python before they count (``_copied``)
+#: stages whose tasks are the kit's own layers, shipped to every milestone: stage 01's serial conv, activations,
+#: pool, fc and softmax are what ``labkit.reference`` computes and ``labkit.kernels`` runs on the GPU. Their lines in
+#: the kit's Python are public by design (the grader's library rule keeps a submission from calling them).
+KIT_OWN_STAGES = ("01",)
 DOCS = ("students.md", "reference_figures.md", "design.md")  # the docs a student reads; their images come along
 KIT_TESTS = ("test_device.py", "test_kernels.py", "test_reference.py", "test_weights.py")  # kit-only tests
 SUITE = REPO / "tools" / "release_tests"  # the release's own tests, copied into its tests/
@@ -217,8 +222,24 @@ def verify(folder: Path, milestone: str | None = None, repo: Path = REPO, found:
             hits = [line for data, line in encoded if data in raw]
         else:
             hits = [line for line in table if line in text]
-        result.hits += [(path.relative_to(folder).as_posix(), table[line], line) for line in hits]
+        rel = path.relative_to(folder).as_posix()
+        result.hits += [(rel, table[line], line) for line in _copied(rel, hits, table)]
     return result
+
+
+def _copied(rel: str, hits: list[str], table: dict[str, str]) -> list[str]:
+    """The hits that count. In the kit's own Python (``labkit/`` and its ``tests/``, released whole to every
+    milestone) one line of a stage's solution alone is a common line of index arithmetic or a type test
+    (``i = (t // Wo) % Ho``), not its answer: there a stage's lines count from the second one in the same file on.
+    Anywhere else (notebooks, docs, results) every line counts. Lines of ``KIT_OWN_STAGES`` never count in the
+    kit's Python."""
+    if not (rel.startswith(("labkit/", "tests/")) and rel.endswith(".py")):
+        return hits
+    hits = [line for line in hits if table[line] not in KIT_OWN_STAGES]
+    per_stage: dict[str, int] = {}
+    for line in hits:
+        per_stage[table[line]] = per_stage.get(table[line], 0) + 1
+    return [line for line in hits if per_stage[table[line]] >= KIT_LINES]
 
 
 # ------------------------------------------------------------------------------------------------ building

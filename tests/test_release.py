@@ -79,6 +79,28 @@ def test_leak_search_finds_a_planted_solution_line(built, tmp_path):
     assert not found.clean and "found: 2 solution line(s)" in found.report()
 
 
+def test_one_line_of_a_stage_in_the_kits_python_is_not_a_leak_two_are(built):
+    """The kit is released whole to every milestone, and its Python shares single common lines with solutions
+    (``i = (t // Wo) % Ho``): one line of a stage in one of its files is not counted, a second line of the same
+    stage in that file is, and both are then reported. Before this, milestones 00 to 04 could not be released."""
+    out, result = built
+    table = result.secrets.all()
+    own = {n: sorted(line for line in result.secrets.lines[n] if table[line] == n) for n in result.secrets.lines}
+    number = random.choice([n for n in sorted(own) if len(own[n]) >= 2])
+    one, two = random.sample(own[number], 2)
+    kit_file = out / "labkit" / "kernels.py"
+    text = kit_file.read_text()
+    try:
+        kit_file.write_text(text + f"\n# {one}\n")
+        alone = release.verify(out, MILESTONE, found=result.secrets)
+        kit_file.write_text(text + f"\n# {one}\n# {two}\n")
+        copied = release.verify(out, MILESTONE, found=result.secrets)
+    finally:
+        kit_file.write_text(text)
+    assert alone.clean, alone.report()
+    assert sorted(copied.hits) == sorted([("labkit/kernels.py", table[one], one), ("labkit/kernels.py", table[two], two)])
+
+
 def test_given_code_in_the_release_and_one_line_for_a_later_stage(built):
     """In a fresh process with the release first on the path and no solutions anywhere to fall back on."""
     out, _ = built
