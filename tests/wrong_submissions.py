@@ -549,8 +549,8 @@ KINDS: dict[str, Kind] = {
     "given_wrapped": Kind(given_wrapped, "the same behind a function of the student's own", "forbidden",
                           ("launched only given kernels",), False, stage="08", ci=False),
     "cuda_c_wrong_source": Kind(cuda_c_wrong_source, "register-tile CUDA C ignores the padding (#define INSIDE 1)",
-                                "pass", ("all checks pass",), None, stage="09", ci=False,
-                                gpu="fail: conv1: FAIL (the tuned variant runs the student's CUDA C)"),
+                                "fail", ("conv1: FAIL", "read outside its input"), None, stage="09", ci=False),
+    # (the tuned variant runs the student's CUDA C: on a GPU, and on the CPU emulation where there is none)
 }
 
 
