@@ -8,10 +8,9 @@ from . import runtime
 
 runtime.apply()  # thread and warning settings, before anything imports numba's thread pool
 
-from . import (ceilings, check, counts, data, device, engine, gpu, kernels, layers, ledger, measured, nbcells,  # noqa: E402
-               nets, notebook, plots, profile, reference, report, simcheck, simulator, stages, timing, tune,
-               weights_io,
-               workloads)
+from . import (ceilings, check, counts, data, device, engine, gpu, graphs, kernels, layers, ledger,  # noqa: E402
+               measured, nbcells, nets, notebook, plots, profile, reference, report, simcheck, simulator, stages,
+               streams, timing, tune, weights_io, whole, workloads)
 from .check import CheckResult, check_layer, check_network, check_variant  # noqa: E402
 from .data import load_cifar10, load_fashion, load_inputs, to_input  # noqa: E402
 from .engine import NetRun, run  # noqa: E402

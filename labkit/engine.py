@@ -85,14 +85,14 @@ def prepare(net: Net, variant: Variant, x: np.ndarray, weights: dict) -> Prepare
     return Prepared(gpu.to_device(x, name="input"), {k: gpu.to_device(v, name=k) for k, v in weights.items()})
 
 
-def _output(variant: Variant, group: tuple[Layer, ...], y, weights: dict, check: bool):
+def _output(variant: Variant, group: tuple[Layer, ...], y, weights: dict, check: bool, tag: str = "engine"):
     shape = layers.group_output_shape(group, y.shape, weights)
     if variant.arrays == "device":
-        return gpu.DEVICE.get(f"engine {group[-1].name}", shape)  # poisoned by the pool while checking
+        return gpu.DEVICE.get(f"{tag} {group[-1].name}", shape)  # poisoned by the pool while checking
     return np.full(shape, np.nan, np.float32) if check else np.empty(shape, np.float32)
 
 
-def _layers(net: Net, variant: Variant, x, weights: dict, clock, check: bool):
+def _layers(net: Net, variant: Variant, x, weights: dict, clock, check: bool, tag: str = "engine"):
     y = x
     for group in layers.groups(list(net.layers), variant.fuse):
         layer = group[0]
@@ -104,7 +104,7 @@ def _layers(net: Net, variant: Variant, x, weights: dict, clock, check: bool):
             with clock.section(layer.name):
                 y = reference.layer_forward(layer, y, weights).astype(np.float32, copy=False)
             continue
-        out = _output(variant, group, y, weights, check)
+        out = _output(variant, group, y, weights, check, tag)
         call_args = layers.fused_args(group, y, weights, out) if len(group) > 1 else layers.args(layer, y, weights, out)
         with clock.section(layer.name):  # a fused group's time is its conv's; the layers it absorbed take none
             fn(*call_args)
@@ -115,17 +115,30 @@ def _layers(net: Net, variant: Variant, x, weights: dict, clock, check: bool):
     return y
 
 
-def forward(net: Net, variant: Variant, prepared: Prepared, *, clock=None, check: bool = False) -> np.ndarray:
+def forward(net: Net, variant: Variant, prepared: Prepared, *, clock=None, check: bool = False,
+            download: bool = True, tag: str = "engine"):
     """One pass over the whole batch (or image by image for a per-image variant); the output on the host.
 
     ``check=True`` poisons every output and intermediate with NaN first (and every pooled buffer the functions
-    take), so a layer that skips elements, or an image, cannot pass on what an earlier run left behind."""
+    take), so a layer that skips elements, or an image, cannot pass on what an earlier run left behind.
+
+    ``download=False`` leaves the last layer's output on the device and returns that device array (a pooled
+    buffer: the next call with the same ``tag`` and shape overwrites it), so the call queues launches only and can
+    run on a stream (``with lane:``, ``lk.streams``) or be captured in a CUDA graph (``lk.graphs``); only for
+    device variants launched on the whole batch. ``tag`` names the pooled buffers (``f"{tag} {layer}"``): calls
+    that may be in flight at the same time (one per lane) need tags of their own."""
     clock = clock or _NoClock()
+    if not download and (variant.per_image or variant.arrays != "device"):
+        why = "launches per image (each image's output is downloaded before the next reuses the buffers)" \
+            if variant.per_image else "keeps its arrays on the host"
+        raise ValueError(f"forward(download=False): {variant.label} {why}; only an arrays='device' variant on "
+                         f"the whole batch leaves its output on the device")
     with gpu.poisoned() if check else nullcontext():
         if variant.per_image:  # each image's output is downloaded before the next reuses the pooled buffers
             return np.concatenate([_download(_layers(net, variant, prepared.x[i:i + 1], prepared.weights, clock,
-                                                     check)) for i in range(prepared.x.shape[0])])
-        return _download(_layers(net, variant, prepared.x, prepared.weights, clock, check))
+                                                     check, tag)) for i in range(prepared.x.shape[0])])
+        y = _layers(net, variant, prepared.x, prepared.weights, clock, check, tag)
+        return _download(y) if download else y
 
 
 def _download(y) -> np.ndarray:

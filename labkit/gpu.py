@@ -16,11 +16,12 @@ import inspect
 import math
 from collections import Counter
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import streams
 from .layers import OUT_AT
 from .stages import STUB_MARK
 
@@ -169,9 +170,14 @@ def upload_constant(module, name: str, array) -> None:
 
 
 def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
-    """``kernel[grid, block](*args)`` (``shared_bytes`` of dynamic shared memory), counted and recorded."""
+    """``kernel[grid, block](*args)`` (``shared_bytes`` of dynamic shared memory), counted and recorded; on the
+    stream of the current ``lk.streams`` lane (``with lane:``), else on the default stream."""
     refuse_stub(kernel)
-    config = (grid, block) if not shared_bytes else (grid, block, 0, shared_bytes)
+    lane = streams.current()
+    if lane is not None:
+        config = (grid, block, lane.numba, shared_bytes)
+    else:
+        config = (grid, block) if not shared_bytes else (grid, block, 0, shared_bytes)
     n_blocks, per_block = math.prod(_dims(grid)), math.prod(_dims(block))
     return _recorded("kernel", kernel_name(kernel), 0, lambda: kernel[config](*args), blocks=n_blocks,
                      threads=n_blocks * per_block, kernel=kernel)
@@ -181,14 +187,22 @@ def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
     """Launch a CUDA C kernel of ``raw_module`` (``kernel(grid, block, args)``; a cupy RawModule's or the CPU
     emulation's), counted and recorded like every other launch. Array arguments may be cupy arrays or any C-contiguous device array (numba's, PyTorch's):
     those go in as their device pointers, because wrapping each in a cupy array costs tens of microseconds a
-    launch, which a timing of a millisecond kernel would otherwise include."""
+    launch, which a timing of a millisecond kernel would otherwise include. Inside ``with lane:`` a cupy kernel
+    goes to the lane's stream (``with lane.cupy``); the CPU emulation runs at once, in call order."""
     grid, block = _dims(grid), _dims(block)
     args = tuple(_raw_arg(a, i) for i, a in enumerate(args))
-    if type(kernel).__module__.startswith("labkit.cudacpu"):
+    on_cpu = type(kernel).__module__.startswith("labkit.cudacpu")
+    if on_cpu:
         _emulated[0] += 1
+    lane = streams.current()
+    on_lane = lane.cupy if lane is not None and lane.cupy is not None and not on_cpu else nullcontext()
     n_blocks, per_block = math.prod(grid), math.prod(block)
-    return _recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0,
-                     lambda: kernel(grid, block, args, shared_mem=shared_bytes), blocks=n_blocks,
+
+    def call():
+        with on_lane:
+            return kernel(grid, block, args, shared_mem=shared_bytes)
+
+    return _recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0, call, blocks=n_blocks,
                      threads=n_blocks * per_block, kernel=kernel)
 
 
@@ -275,19 +289,31 @@ def device_function(fn):
 
 
 def to_device(host, to=None, name: str = ""):
-    """Host -> device copy: a new device array, or into the device array ``to``. Counted and recorded."""
+    """Host -> device copy: a new device array, or into the device array ``to``. Counted and recorded.
+
+    Inside ``with lane:`` (``lk.streams``) the copy is queued on the lane's stream and the call returns at once;
+    it overlaps other lanes' work only from pinned host memory (``lk.streams.pinned``)."""
     from numba import cuda
 
     host = np.ascontiguousarray(host)
     label = "[CUDA memcpy HtoD]" + (f" {name}" if name else "")
+    lane = streams.current()
+    stream = lane.numba if lane is not None else 0
     if to is not None:
-        return _recorded("HtoD", label, host.nbytes, lambda: (to.copy_to_device(host), to)[1])
-    return _recorded("HtoD", label, host.nbytes, lambda: cuda.to_device(host))
+        return _recorded("HtoD", label, host.nbytes, lambda: (to.copy_to_device(host, stream=stream), to)[1])
+    return _recorded("HtoD", label, host.nbytes, lambda: cuda.to_device(host, stream=stream))
 
 
 def to_host(device_array, out=None, name: str = ""):
-    """Device -> host copy: a new numpy array, or into ``out``. Waits for the kernels queued before it."""
+    """Device -> host copy: a new numpy array, or into ``out``. Waits for the kernels queued before it.
+
+    Inside ``with lane:`` (``lk.streams``) a copy into ``out`` is queued on the lane's stream and the call returns
+    at once: ``out`` holds the values only after ``lane.synchronize()``; the copy overlaps other lanes' work only
+    into pinned host memory (``lk.streams.pinned``)."""
     label = "[CUDA memcpy DtoH]" + (f" {name}" if name else "")
+    lane = streams.current()
+    if out is not None and lane is not None:
+        return _recorded("DtoH", label, device_array.nbytes, lambda: streams.copy_to_host(lane, device_array, out))
     if out is not None:
         return _recorded("DtoH", label, device_array.nbytes, lambda: device_array.copy_to_host(out))
     return _recorded("DtoH", label, device_array.nbytes, lambda: device_array.copy_to_host())
@@ -314,9 +340,11 @@ def as_host(a) -> np.ndarray:
 
 
 def synchronize() -> None:
-    """Wait for all queued GPU work (numba, and cupy if loaded); nothing to wait for without a GPU."""
+    """Wait for all queued GPU work (numba, and cupy if loaded), every lane's included; without a GPU only the
+    simulator's pending lane copies to deliver (``lk.streams``)."""
     from . import device
 
+    streams.synchronize_all()
     if device.info().kind != "gpu":
         return
     import sys
@@ -403,7 +431,13 @@ class BufferPool:
         self.limit: float | None = None
 
     def get(self, role: str, shape, dtype=np.float32):
+        """The array for ``role``, ``shape`` and ``dtype``. Inside ``with lane:`` (``lk.streams``) each lane has
+        arrays of its own: work in flight on two lanes at once never shares a buffer (a conv's padded input,
+        say), whoever asked for it."""
         shape = tuple(int(s) for s in (shape if isinstance(shape, tuple | list) else (shape,)))
+        lane = streams.current()
+        if lane is not None:
+            role = f"{role} [{lane.name}]"
         key = (role, shape, np.dtype(dtype).str)
         array = self._arrays.get(key)
         if array is None:

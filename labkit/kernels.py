@@ -170,6 +170,25 @@ def _softmax(x, out):
             out[n, k] = out[n, k] / total
 
 
+@cuda.jit
+def _argmax_rows(p, classes):
+    n = cuda.grid(1)
+    if n < p.shape[0]:
+        best, k = p[n, 0], 0
+        for j in range(1, p.shape[1]):
+            if p[n, j] > best:  # strict: the first of equal maxima, as numpy's argmax
+                best, k = p[n, j], j
+        classes[n] = k
+
+
+def argmax_rows(p, classes):
+    """``classes[n] = argmax(p[n])`` on the device (the first of equal maxima, as ``np.argmax``): the whole job
+    downloads one int32 per image instead of its class probabilities."""
+    if classes.shape[0] != p.shape[0]:
+        raise ValueError(f"argmax_rows: classes has {classes.shape[0]} rows, p {p.shape[0]}")
+    gpu.launch(_argmax_rows, p.shape[0], p, classes)
+
+
 def relu(x, out):
     gpu.launch(_relu, out.size, gpu.flat(x), gpu.flat(out))  # flat views: one index, any rank
 

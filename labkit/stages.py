@@ -86,6 +86,11 @@ class Variant:
     numba.cuda or cupy code, "cpu" for CPU code. ``arrays``: "host" hands the functions numpy arrays (they copy
     for themselves), "device" keeps every activation on the GPU. ``per_image`` launches every layer once per image,
     as the original C study did. ``name`` and ``stage`` are set by ``variants()``.
+
+    ``graph``: a whole call replays a CUDA graph of the forward pass (``labkit.graphs``; the bench's whole-call
+    time). ``pipeline``: the stage's whole job, host bytes to host classes, ``pipeline(job, raw_pinned,
+    classes_pinned, chunk, streams)`` with ``job`` a ``labkit.whole.Job`` (the bench's end-to-end rows). Both only
+    for arrays='device' variants launched on the whole batch.
     """
 
     impls: dict[str, Callable] = field(default_factory=dict)
@@ -100,6 +105,8 @@ class Variant:
     # "cupy": cupy's own routines (cuBLAS), which need a real GPU
     requires: tuple[str, ...] = ()
     fuse: tuple[str, ...] = ()  # kinds a conv function absorbs when they follow it: "relu", "tanh", "pool"
+    graph: bool = False
+    pipeline: Callable | None = None
 
     def __post_init__(self):
         if self.target not in ("gpu", "cpu") or self.arrays not in ("host", "device"):
@@ -108,6 +115,12 @@ class Variant:
         bad = [k for k, fn in self.impls.items() if not callable(fn)]
         if bad:
             raise TypeError(f"Variant: the functions for {', '.join(bad)} are not callable")
+        if self.pipeline is not None and not callable(self.pipeline):
+            raise TypeError(f"Variant: pipeline is a {type(self.pipeline).__name__}, not a function")
+        wants = [k for k, on in (("graph=True", self.graph), ("pipeline", self.pipeline is not None)) if on]
+        if wants and (self.arrays != "device" or self.per_image or self.target != "gpu"):
+            raise ValueError(f"Variant: {' and '.join(wants)}: only for target='gpu', arrays='device', "
+                             f"per_image=False (the forward pass stays on the device, on the whole batch)")
 
     @property
     def label(self) -> str:

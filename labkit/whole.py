@@ -1,0 +1,181 @@
+"""The whole job: host bytes in, host classes out, in pieces a student composes into a pipeline over streams.
+
+``Job(net, variant, weights)`` puts the weights on the device once, then offers three steps, each on a lane
+(``lk.streams``) and each only *queued* there (the call returns before the GPU is done):
+
+- ``job.upload(lane, raw)``: a chunk of stored uint8 images (N x C x H x W) into the lane's own device buffer;
+- ``job.classes(lane, bytes_dev, n)``: the bytes normalised on the device with the net's table (as
+  ``lk.data.to_input`` does), the variant's forward pass left on the device (``engine.forward(download=False)``,
+  buffers tagged with the lane), and the class of each image (``lk.kernels.argmax_rows``);
+- ``job.download(lane, classes_dev, host_out)``: the int32 classes into a host array.
+
+Every buffer is the lane's own (named after it), so work in flight on two lanes never shares one; a step handed a
+buffer another lane made refuses in one line (the two lanes would need a synchronization between them).
+``job.serial(raw)`` is the baseline: everything at once on the default stream from pageable memory.
+
+``check_pipeline(fn, job)`` checks a pipeline ``fn(job, raw_pinned, classes_pinned, chunk, streams)`` (the host
+bytes to host classes in chunks over ``streams`` lanes) against ``job.serial`` on fresh random bytes, the classes
+poisoned with -1 first, on cases with odd image counts, a last chunk smaller than the others and more streams
+than chunks. Writing ``fn`` is stage 10's task: the kit has no such loop.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import nullcontext
+
+import numpy as np
+
+from . import data, engine, gpu, kernels, simulator, streams, upload
+from .check import CheckResult
+from .nets import Net, get_net
+from .stages import Variant
+
+
+def input_table(net: Net) -> np.ndarray:
+    """The float32 value of each byte value, for nets whose input is a byte-by-byte table (``data.to_input``):
+    CIFAR-10's byte/255 - 0.5. Fashion's and ECE408's inputs are resized, not looked up: refused in one line."""
+    if net.dataset == "cifar10":
+        return data._CIFAR_LUT
+    raise ValueError(f"the whole job from bytes needs an input made byte by byte from a table (cifar10's "
+                     f"byte/255 - 0.5); {net.name}'s images are resized first")
+
+
+def _on(lane):
+    return lane if lane is not None else nullcontext()
+
+
+class Job:
+    """One net and variant's whole job, host bytes to host classes, in steps queued on lanes (module docstring).
+    ``weights``: host arrays by name (a workload's ``weights``), put on the device once here."""
+
+    def __init__(self, net: Net | str, variant: Variant, weights: dict):
+        self.net = get_net(net)
+        if variant.per_image or variant.arrays != "device" or variant.target != "gpu":
+            raise ValueError(f"Job: {variant.label} must be a GPU variant with arrays='device' on the whole batch "
+                             f"(the forward pass stays on the device between the steps)")
+        self.variant = variant
+        self.table = gpu.to_device(input_table(self.net), name="input table")
+        placeholder = np.zeros((1, *self.net.input_shape), np.float32)
+        self.weights = engine.prepare(self.net, variant, placeholder, weights).weights
+        self._lanes: list[streams.Lane] = []
+        self._owner: dict[int, tuple] = {}  # id(device buffer) -> (weak reference to it, lane name)
+
+    def lanes(self, count: int) -> list[streams.Lane]:
+        """The job's first ``count`` lanes: made once and kept, so their buffers are reused call after call."""
+        if count < 1:
+            raise ValueError(f"Job.lanes: count must be at least 1, got {count}")
+        if len(self._lanes) < count:
+            self._lanes += streams.lanes(count - len(self._lanes))
+        return self._lanes[:count]
+
+    @staticmethod
+    def _tag(lane) -> str:
+        return f"whole {lane.name}" if lane is not None else "whole serial"
+
+    def _own(self, buf, lane) -> None:
+        self._owner[id(buf)] = (weakref.ref(buf), self._tag(lane))
+
+    def _check_owner(self, buf, lane, step: str) -> None:
+        held = self._owner.get(id(buf))
+        if held is None or held[0]() is not buf:
+            return  # not one of the job's buffers: the caller's own
+        if held[1] != self._tag(lane):
+            raise ValueError(f"Job.{step}: this buffer belongs to {held[1].removeprefix('whole ')}, not to "
+                             f"{self._tag(lane).removeprefix('whole ')}: another lane's buffer may still be in use "
+                             f"there (queue a chunk's upload, classes and download on one lane)")
+
+    def upload(self, lane: streams.Lane | None, raw: np.ndarray):
+        """Queue the copy of ``raw`` (uint8, N x C x H x W, pinned for an overlapping copy) into the lane's own
+        device buffer; returns that buffer (filled once the lane gets there)."""
+        shape = self.net.input_shape
+        if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 4 or raw.shape[1:] != shape:
+            what = f"{raw.dtype} {raw.shape}" if isinstance(raw, np.ndarray) else type(raw).__name__
+            raise ValueError(f"Job.upload: expected uint8 images N x {' x '.join(map(str, shape))} on the host, "
+                             f"got {what}")
+        with _on(lane):
+            buf = gpu.buffer(f"{self._tag(lane)} bytes", raw.shape, np.uint8)
+            gpu.to_device(raw, to=buf, name="input bytes")
+        self._own(buf, lane)
+        return buf
+
+    def classes(self, lane: streams.Lane | None, bytes_dev, n: int):
+        """Queue the first ``n`` images of ``bytes_dev`` (from ``upload`` on the same lane) to their classes on the
+        device: normalised by the net's table, the variant's forward pass, argmax. Returns the int32 classes'
+        device buffer (the lane's own)."""
+        self._check_owner(bytes_dev, lane, "classes")
+        if not 0 < n <= bytes_dev.shape[0]:
+            raise ValueError(f"Job.classes: n = {n}, but the bytes hold {bytes_dev.shape[0]} images")
+        tag = self._tag(lane)
+        with _on(lane):
+            x = gpu.buffer(f"{tag} input", (n, *self.net.input_shape))
+            gpu.launch(upload.bytes_to_input, x.size, gpu.flat(bytes_dev), self.table, gpu.flat(x))
+            probs = engine.forward(self.net, self.variant, engine.Prepared(x, self.weights), download=False,
+                                   tag=tag)
+            classes = gpu.buffer(f"{tag} classes", (n,), np.int32)
+            kernels.argmax_rows(probs, classes)
+        self._own(classes, lane)
+        return classes
+
+    def download(self, lane: streams.Lane | None, classes_dev, host_out: np.ndarray) -> np.ndarray:
+        """Queue the copy of the classes into ``host_out`` (int32, one per image; pinned for an overlapping copy).
+        On a lane ``host_out`` holds them only after ``lane.synchronize()``."""
+        self._check_owner(classes_dev, lane, "download")
+        if not isinstance(host_out, np.ndarray) or host_out.dtype != np.int32 or \
+                host_out.shape != tuple(classes_dev.shape):
+            what = f"{host_out.dtype} {host_out.shape}" if isinstance(host_out, np.ndarray) else \
+                type(host_out).__name__
+            raise ValueError(f"Job.download: host_out must be int32 of shape {tuple(classes_dev.shape)} (one per "
+                             f"image of the chunk), got {what}")
+        with _on(lane):
+            gpu.to_host(classes_dev, out=host_out, name="classes")
+        return host_out
+
+    def serial(self, raw: np.ndarray) -> np.ndarray:
+        """The baseline: all of ``raw`` at once on the default stream, from pageable memory; the classes."""
+        raw = np.ascontiguousarray(raw, np.uint8)
+        out = np.empty(raw.shape[0], np.int32)
+        self.download(None, self.classes(None, self.upload(None, raw), raw.shape[0]), out)
+        return out
+
+
+#: (images, chunk, streams) of check_pipeline: odd counts, a last chunk smaller than the others, more streams than
+#: chunks, a chunk bigger than the images, one stream
+CASES_SIMULATOR = ((5, 2, 4), (3, 4, 1))
+CASES_GPU = ((1001, 128, 3), (999, 250, 8), (7, 3, 2), (3, 4, 1))
+
+
+def check_pipeline(fn, job: Job, cases=None, seed: int | None = None) -> CheckResult:
+    """Run ``fn(job, raw_pinned, classes_pinned, chunk, streams)`` on fresh random bytes per case (images, chunk,
+    streams), its classes poisoned with -1 first, and compare every image's class with ``job.serial``'s as soon as
+    ``fn`` returns (a pipeline must have synchronized its lanes by then). One PASS/FAIL line."""
+    name = getattr(fn, "__name__", "pipeline")
+    cases = tuple(cases or (CASES_SIMULATOR if simulator.active() else CASES_GPU))
+    seed = int(np.random.default_rng().integers(2**31)) if seed is None else seed
+    rng = np.random.default_rng(seed)
+    for images, chunk, count in cases:
+        raw = rng.integers(0, 256, (images, *job.net.input_shape), dtype=np.uint8)
+        want = job.serial(raw)
+        raw_pinned = streams.pinned(raw.shape, np.uint8)
+        raw_pinned[...] = raw
+        classes_pinned = streams.pinned((images,), np.int32)
+        classes_pinned[...] = -1
+        where = f"{images} images in chunks of {chunk} over {count} streams"
+        try:
+            fn(job, raw_pinned, classes_pinned, chunk, count)
+            got = np.array(classes_pinned)  # as it is when fn returns: no synchronization of ours first
+        except Exception as exc:  # noqa: BLE001 - the student's code: said in one line
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            gpu.synchronize()
+            return CheckResult(name, False, detail=f"{where}: raised {type(exc).__name__}: {first}", seed=seed)
+        gpu.synchronize()  # let whatever fn left in flight finish before the next case
+        wrong = np.flatnonzero(got != want)
+        if wrong.size:
+            unwritten = int(np.count_nonzero(got == -1))
+            why = (f"; {unwritten} still -1 (never downloaded: the last, smaller chunk left out, or a lane not "
+                   f"synchronized before returning?)" if unwritten else "")
+            return CheckResult(name, False, detail=f"{where}: {wrong.size} of {images} classes differ from "
+                               f"Job.serial's, first at image {wrong[0]} (got {got[wrong[0]]}, want "
+                               f"{want[wrong[0]]}){why}", seed=seed)
+    shown = "; ".join(f"{i} images, chunks of {c}, {s} streams" for i, c, s in cases)
+    return CheckResult(name, True, note=f"every image's class equals Job.serial's: {shown}", seed=seed)

@@ -1,0 +1,367 @@
+"""labkit.streams, graphs, whole (issue 24's closing stage): lanes route every launch and copy of the launch layer,
+engine.forward leaves its output on the device, graphs on the simulator say there is none and replay by calling,
+and the whole job's pieces (Job) and its pipeline check (check_pipeline) catch the pipelines' usual mistakes."""
+
+import numpy as np
+import pytest
+
+import labkit as lk
+from labkit import device, engine, gpu, graphs, simulator, streams, whole
+
+from buggy_kernels import device_conv  # noqa: E402  (after labkit, which sets up numba)
+
+SIM = device.info().simulated
+needs_sim = pytest.mark.skipif(not SIM, reason="the simulator's own behaviour (no streams, no graphs)")
+
+
+def _on_device(compute):
+    """A layer function of the device calling convention that computes on the host (numpy): the simulator runs
+    kernels as Python threads, so the tests of the plumbing around the layers use these."""
+
+    def fn(*args):
+        return compute(args, [gpu.as_host(a) if hasattr(a, "copy_to_host") else a for a in args])
+
+    return fn
+
+
+def _conv(args, host):
+    x, w, b, out, pad, stride = host
+    args[3].copy_to_device(lk.conv2d(x, w, b, pad, stride).astype(np.float32))
+
+
+def _unary(f):
+    def run(args, host):
+        args[1].copy_to_device(np.ascontiguousarray(f(host[0]), np.float32))
+    return run
+
+
+def _pool(args, host):
+    x, out, k, s = host
+    args[1].copy_to_device(lk.maxpool2d(x, k, s).astype(np.float32))
+
+
+def _fc(args, host):
+    x, w, b, out = host
+    args[3].copy_to_device(lk.fc(x, w, b).astype(np.float32))
+
+
+HOST_MATH = lk.Variant({"conv": _on_device(_conv), "relu": _on_device(_unary(lk.relu)),
+                        "tanh": _on_device(_unary(lk.tanh)), "pool": _on_device(_pool), "fc": _on_device(_fc),
+                        "softmax": _on_device(_unary(lk.softmax))}, arrays="device", name="host_math")
+KERNELS = lk.Variant({**lk.kernels.GIVEN, "conv": device_conv}, arrays="device", name="kernels")
+
+
+@pytest.fixture(scope="module")
+def net():
+    return simulator.net("cifar10") if SIM else lk.get_net("cifar10")
+
+
+@pytest.fixture(scope="module")
+def job(net):
+    return whole.Job(net, HOST_MATH, lk.random_weights(net, 0))
+
+
+def raw_images(net, n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, *net.input_shape), dtype=np.uint8)
+
+
+# ------------------------------------------------------------------------------------------------ lanes
+
+
+class SpyKernel:
+    """A launchable stand-in: records the launch configuration numba would get (grid, block[, stream, shared])."""
+
+    def __init__(self):
+        self.configs = []
+
+    def __getitem__(self, config):
+        self.configs.append(config)
+        return lambda *args: None
+
+
+def test_lanes_route_launches_and_nesting_restores():
+    a, b = streams.lanes(2)
+    assert a.id != b.id and a.name != b.name
+    k = SpyKernel()
+    gpu.launch(k, 10)
+    with a:
+        assert streams.current() is a
+        gpu.launch(k, 300)
+        with b:
+            gpu.launch_grid(k, (2, 3), (4, 4), shared_bytes=64)
+        gpu.launch(k, 5)
+    gpu.launch(k, 5, shared_bytes=8)
+    assert streams.current() is None
+    assert k.configs[0] == (1, 128)
+    assert k.configs[1] == (3, 128, a.numba, 0)
+    assert k.configs[2] == ((2, 3), (4, 4), b.numba, 64)
+    assert k.configs[3][2] is a.numba
+    assert k.configs[4] == (1, 128, 0, 8)
+
+
+class SpyCupyStream:
+    def __init__(self):
+        self.inside = 0
+        self.seen = []
+
+    def __enter__(self):
+        self.inside += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.inside -= 1
+
+
+def test_launch_raw_goes_to_the_lanes_cupy_stream():
+    stream = SpyCupyStream()
+    lane = streams.Lane(streams.lanes(1)[0].numba, stream)
+
+    def raw_kernel(grid, block, args, shared_mem=0):
+        stream.seen.append(stream.inside)
+
+    raw_kernel.name = "raw"
+    gpu.launch_raw(raw_kernel, 1, 1, ())
+    with lane:
+        assert stream.inside == 1  # cupy's own routines queue on the lane too
+        gpu.launch_raw(raw_kernel, 1, 1, (np.float32(1),))
+    assert stream.seen == [0, 2] and stream.inside == 0
+
+
+class SpyDeviceArray:
+    def __init__(self):
+        self.streams = []
+
+    def copy_to_device(self, host, stream=0):
+        self.streams.append(stream)
+
+
+def test_copies_go_to_the_lane_and_host_copies_wait_for_synchronize():
+    lane = streams.lanes(1)[0]
+    dev = SpyDeviceArray()
+    gpu.to_device(np.zeros(3), to=dev)
+    with lane:
+        gpu.to_device(np.zeros(3), to=dev)
+    assert dev.streams == [0, lane.numba]
+    d = gpu.to_device(np.arange(4, dtype=np.float32))
+    out = np.full(4, -1, np.float32)
+    with lane:
+        assert gpu.to_host(d, out=out) is out
+    if SIM:  # the simulator delivers a lane's host copies at its synchronize, as a GPU may
+        assert (out == -1).all()
+    lane.synchronize()
+    np.testing.assert_array_equal(out, np.arange(4))
+    out2 = np.full(4, -1, np.float32)
+    with lane:
+        gpu.to_host(d, out=out2)
+    gpu.synchronize()  # the device-wide wait delivers every lane's copies too
+    np.testing.assert_array_equal(out2, np.arange(4))
+    np.testing.assert_array_equal(gpu.to_host(d), np.arange(4))  # outside a lane: at once
+
+
+def test_pool_gives_each_lane_its_own_buffers():
+    a, b = streams.lanes(2)
+    plain = gpu.buffer("test shared role", (3,))
+    with a:
+        in_a = gpu.buffer("test shared role", (3,))
+        assert gpu.buffer("test shared role", (3,)) is in_a
+    with b:
+        in_b = gpu.buffer("test shared role", (3,))
+    assert len({id(plain), id(in_a), id(in_b)}) == 3
+
+
+def test_pinned_is_a_host_array():
+    p = streams.pinned((2, 3), np.uint8)
+    assert isinstance(p, np.ndarray) and p.shape == (2, 3) and p.dtype == np.uint8
+    with pytest.raises(ValueError, match="at least 1"):
+        streams.lanes(0)
+
+
+# ------------------------------------------------------------------------------------------------ engine
+
+
+def test_forward_without_download_returns_the_device_output(net):
+    w = lk.random_weights(net, 1)
+    x = np.random.default_rng(2).uniform(-0.5, 0.5, (1, *net.input_shape)).astype(np.float32)
+    prepared = engine.prepare(net, KERNELS, x, w)
+    host = engine.forward(net, KERNELS, prepared)
+    dev = engine.forward(net, KERNELS, prepared, download=False, tag="test lane")
+    assert not isinstance(dev, np.ndarray) and hasattr(dev, "copy_to_host")
+    np.testing.assert_array_equal(gpu.as_host(dev), host)
+    np.testing.assert_allclose(host, lk.forward(net, w, x), rtol=1e-4, atol=1e-6)
+    prepared = engine.prepare(net, HOST_MATH, x, w)
+    mine = engine.forward(net, HOST_MATH, prepared, download=False, tag="test lane")
+    again = engine.forward(net, HOST_MATH, prepared, download=False, tag="test lane")
+    other = engine.forward(net, HOST_MATH, prepared, download=False, tag="test other")
+    assert again is mine and other is not mine  # the tag names the pooled buffers
+
+
+def test_forward_without_download_refuses_per_image_and_host_variants(net):
+    w = lk.random_weights(net, 1)
+    x = np.zeros((1, *net.input_shape), np.float32)
+    per_image = lk.Variant(dict(KERNELS.impls), arrays="device", per_image=True, name="pi")
+    with pytest.raises(ValueError, match="per image"):
+        engine.forward(net, per_image, engine.prepare(net, per_image, x, w), download=False)
+    host = lk.Variant({}, target="cpu", name="ref")
+    with pytest.raises(ValueError, match="on the host"):
+        engine.forward(net, host, engine.prepare(net, host, x, w), download=False)
+
+
+# ------------------------------------------------------------------------------------------------ graphs
+
+
+@needs_sim
+def test_graph_on_the_simulator_replays_by_calling_and_says_so():
+    lane = streams.lanes(1)[0]
+    d = gpu.to_device(np.zeros(4, np.float32))
+    calls, lanes_seen = [], []
+
+    def step():
+        calls.append(1)
+        lanes_seen.append(streams.current())
+        d.copy_to_device(np.full(4, len(calls), np.float32))
+        return d
+
+    g = graphs.capture(step, lane)
+    assert g.captured is False and len(calls) == 1
+    assert "simulator: no CUDA graph, replay calls the function" in str(g)
+    assert g.note == graphs.NO_GRAPH_SIMULATOR
+    assert g.replay() is d and len(calls) == 2
+    np.testing.assert_array_equal(gpu.as_host(d), np.full(4, 2))
+    assert lanes_seen == [lane, lane]
+
+
+def test_variant_graph_and_pipeline_fields_are_validated():
+    v = lk.Variant(dict(KERNELS.impls), arrays="device", graph=True, pipeline=lambda *a: None)
+    assert v.graph and callable(v.pipeline)
+    assert lk.Variant().graph is False and lk.Variant().pipeline is None
+    with pytest.raises(ValueError, match="arrays='device'"):
+        lk.Variant(dict(KERNELS.impls), arrays="host", graph=True)
+    with pytest.raises(ValueError, match="pipeline"):
+        lk.Variant(dict(KERNELS.impls), arrays="device", per_image=True, pipeline=lambda *a: None)
+    with pytest.raises(TypeError, match="pipeline"):
+        lk.Variant(dict(KERNELS.impls), arrays="device", pipeline=3)
+
+
+# ------------------------------------------------------------------------------------------------ the whole job
+
+
+def test_argmax_rows_takes_the_first_of_equal_maxima():
+    p = np.array([[0.1, 0.5, 0.5], [0.7, 0.1, 0.7], [0.0, 0.0, 0.2]], np.float32)
+    classes = gpu.to_device(np.full(3, -1, np.int32))
+    lk.kernels.argmax_rows(gpu.to_device(p), classes)
+    np.testing.assert_array_equal(gpu.as_host(classes), np.argmax(p, axis=1))
+    with pytest.raises(ValueError, match="rows"):
+        lk.kernels.argmax_rows(gpu.to_device(p), gpu.to_device(np.zeros(2, np.int32)))
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_job_serial_equals_the_reference(job, net, n):
+    raw = raw_images(net, n, seed=n)
+    want = lk.predict(lk.forward(net, lk.random_weights(net, 0), lk.to_input(net, raw)))
+    got = job.serial(raw)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
+def test_job_serial_with_the_kit_kernels_equals_the_reference(net):
+    w = lk.random_weights(net, 3)
+    raw = raw_images(net, 2, seed=9)
+    got = whole.Job(net, KERNELS, w).serial(raw)
+    np.testing.assert_array_equal(got, lk.predict(lk.forward(net, w, lk.to_input(net, raw))))
+
+
+def test_job_refuses_what_it_cannot_run(net):
+    with pytest.raises(ValueError, match="arrays='device'"):
+        whole.Job(net, lk.Variant({}, target="cpu"), lk.random_weights(net, 0))
+    with pytest.raises(ValueError, match="resized"):
+        whole.Job(simulator.net("fashion"), HOST_MATH, lk.random_weights(simulator.net("fashion"), 0))
+
+
+def test_job_steps_check_their_arguments(job, net):
+    lane = job.lanes(1)[0]
+    with pytest.raises(ValueError, match="uint8"):
+        job.upload(lane, np.zeros((2, *net.input_shape), np.float32))
+    b = job.upload(lane, raw_images(net, 2))
+    with pytest.raises(ValueError, match="hold 2 images"):
+        job.classes(lane, b, 3)
+    c = job.classes(lane, b, 2)
+    with pytest.raises(ValueError, match="int32 of shape"):
+        job.download(lane, c, np.zeros(3, np.int32))
+    lane.synchronize()
+
+
+def test_job_lanes_are_kept_and_have_their_own_buffers(job, net):
+    two = job.lanes(2)
+    assert job.lanes(2) == two and job.lanes(3)[:2] == two
+    raw = raw_images(net, 2)
+    assert job.upload(two[0], raw) is not job.upload(two[1], raw)
+    for lane in two:
+        lane.synchronize()
+
+
+# a pipeline as stage 10 asks for, and the mistakes check_pipeline must catch (the kit itself has no such loop)
+
+
+def pipeline(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
+        b = job.upload(lane, raw[start:start + n])
+        c = job.classes(lane, b, n)
+        job.download(lane, c, classes[start:start + n])
+    for lane in lanes:
+        lane.synchronize()
+
+
+def forgets_the_last_chunk(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k in range(raw.shape[0] // chunk):  # whole chunks only
+        start, lane = k * chunk, lanes[k % count]
+        c = job.classes(lane, job.upload(lane, raw[start:start + chunk]), chunk)
+        job.download(lane, c, classes[start:start + chunk])
+    for lane in lanes:
+        lane.synchronize()
+
+
+def forgets_to_synchronize(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
+        job.download(lane, job.classes(lane, job.upload(lane, raw[start:start + n]), n), classes[start:start + n])
+
+
+def mixes_lanes(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        n = min(chunk, raw.shape[0] - start)
+        b = job.upload(lanes[k % count], raw[start:start + n])
+        c = job.classes(lanes[(k + 1) % count], b, n)  # another lane's bytes, no synchronization between
+        job.download(lanes[(k + 1) % count], c, classes[start:start + n])
+    for lane in lanes:
+        lane.synchronize()
+
+
+def test_check_pipeline_passes_a_right_pipeline(job):
+    r = whole.check_pipeline(pipeline, job)
+    assert r.passed, str(r)
+    assert str(r).startswith("pipeline: PASS") and "5 images, chunks of 2, 4 streams" in str(r)
+
+
+ONE_CASE = ((5, 2, 2),)
+
+
+def test_check_pipeline_fails_the_missing_last_chunk(job):
+    r = whole.check_pipeline(forgets_the_last_chunk, job, cases=ONE_CASE, seed=1)
+    assert not r.passed
+    assert "1 of 5 classes differ" in str(r) and "first at image 4" in str(r) and "still -1" in str(r)
+
+
+@needs_sim  # on a GPU the copies may or may not have landed when it returns
+def test_check_pipeline_fails_a_missing_synchronize(job):
+    r = whole.check_pipeline(forgets_to_synchronize, job, cases=ONE_CASE, seed=1)
+    assert not r.passed and "5 of 5 classes differ" in str(r) and "not synchronized" in str(r)
+
+
+def test_check_pipeline_fails_lanes_sharing_buffers(job):
+    r = whole.check_pipeline(mixes_lanes, job, cases=ONE_CASE, seed=1)
+    assert not r.passed and "raised ValueError" in str(r) and "belongs to lane" in str(r)
