@@ -4,7 +4,9 @@ sandbox mode lets them do (docs/grading.md, "Isolation").
     python tests/escape_submissions.py --write DIR     # the class: DIR/class/<student>/notebooks/04_...ipynb, and
                                                        # DIR/solutions (the --solutions copy the attacks aim at)
     python tests/escape_submissions.py --table         # grade the class under bubblewrap and under --unsandboxed
-                                                       # (simulator) and print the Markdown table of docs/grading.md
+                                                       # (simulator) and print the Markdown table of docs/grading.md;
+                                                       # under the docker mode too where it runs here
+                                                       # ($LABKIT_SANDBOX_IMAGE, and $LABKIT_DOCKER=podman or docker)
     python tests/escape_submissions.py --table --before OLD   # ... and with the kit of an older checkout OLD
                                                        # (a `git archive` of it): the grader as it was
 
@@ -22,7 +24,7 @@ and is given the paths it aims at (the strongest attacker: the class knows the c
 Attacks 1-3 end by raising a RuntimeError that says what they did, so the grader's row says it. The classmates are
 student copies too, that raise their own error when they load (``OWN``): fast to grade, and a row that is not
 theirs shows. ``tests/test_grade_isolation.py`` grades the class under bubblewrap and asserts every attack is
-stopped.
+stopped, and under the docker mode (where an engine and an image are here) that attacks 1 and 3 are.
 """
 
 from __future__ import annotations
@@ -237,12 +239,15 @@ def processes_with(token: str) -> list[int]:
     return out
 
 
-def grade(setup: dict, sandbox: str = "auto", unsandboxed: bool = False, seed: int = 2024) -> dict:
-    """Grade the class one job at a time (each attack runs before the classmate it aims at), in this process."""
+def grade(setup: dict, sandbox: str = "auto", unsandboxed: bool = False, seed: int = 2024,
+          students: list[str] | None = None) -> dict:
+    """Grade the class (or ``students`` of it) one job at a time (each attack runs before the classmate it aims at),
+    in this process."""
     from labkit import grading
 
     return grading.grade(setup["class"], stages=[STAGE], rubric=setup["rubric"], solutions=setup["solutions"],
                          out=setup["out"], jobs=1, seed=seed, progress=False, sandbox=sandbox, unsandboxed=unsandboxed,
+                         students=students,
                          command=f"labkit grade class --stages {STAGE} --solutions solutions --jobs 1 --seed {seed}"
                                  + (" --unsandboxed" if unsandboxed else f" --sandbox {sandbox}"))
 
@@ -273,12 +278,36 @@ def observe(setup: dict, report: dict, before: dict, wait_s: float = 3.0) -> dic
     }
 
 
+def docker_usable():
+    """The kit's docker mode (``--sandbox docker``) where it runs here, else None, and why not: the command
+    (``$LABKIT_DOCKER`` or ``docker``) and ``$LABKIT_SANDBOX_IMAGE`` set, and that image's ``python3`` importing the
+    kit's dependencies in a container as the kit starts one (no network, read-only, no capabilities)."""
+    from labkit.grading import isolation
+    from labkit.grading.rubric import GradeError
+
+    try:
+        iso = isolation.choose("docker")
+    except GradeError as exc:
+        return None, str(exc)
+    trial = [iso.exe, "run", "--rm", "--network", "none", "--read-only", "--cap-drop", "ALL", iso.image, iso.PYTHON,
+             "-c", "import numba, numpy, nbformat"]
+    try:
+        proc = subprocess.run(trial, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{iso.exe} did not run: {exc}"
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["no message"])[0]
+        return None, f"{iso.exe} cannot run {iso.image}'s {iso.PYTHON} (exit {proc.returncode}): {first}"
+    return iso, ""
+
+
 def snapshot(setup: dict) -> dict:
     return {"victim": setup["notebooks"]["z1_victim"].read_bytes(), "solutions": digests(setup["solutions"])}
 
 
 def run_mode(mode: str, before_kit: Path | None = None) -> dict:
-    """A fresh class graded one way ("bwrap", "unsandboxed", or "before": the kit of ``before_kit``), observed."""
+    """A fresh class graded one way ("bwrap", "docker", "unsandboxed", or "before": the kit of ``before_kit``),
+    observed."""
     with tempfile.TemporaryDirectory(prefix="labkit-escape-") as tmp:
         setup = write(Path(tmp))
         try:
@@ -363,10 +392,22 @@ def main(argv=None) -> int:
         if args.before:
             results["before (the kit of --before)"] = run_mode("before", args.before)
         results["bwrap"] = run_mode("bwrap")
+        docker, why = docker_usable()
+        if docker is not None:  # the engine's name where it is not docker itself (podman)
+            tool = docker.describe()["tool"]
+            results["docker" if tool == "docker" else f"docker ({tool})"] = run_mode("docker")
+        else:
+            print(f"(no docker column: {why})", file=sys.stderr)
         results["--unsandboxed"] = run_mode("unsandboxed")
         print(table(results))
-        print(f"\n(computed by `python tests/escape_submissions.py --table`: "
-              f"{time.strftime('%Y-%m-%d', time.gmtime())}, {device.label(device.info())}, one job at a time)")
+        cmd = "python tests/escape_submissions.py --table" + (" --before OLD" if args.before else "")
+        if docker is not None:  # the engine and the image the docker column ran with
+            from labkit.grading import isolation
+
+            cmd = " ".join([*(f"{k}={os.environ[k]}" for k in (isolation.DOCKER_ENV, isolation.IMAGE_ENV)
+                              if os.environ.get(k)), cmd])
+        print(f"\n(computed by `{cmd}`: {time.strftime('%Y-%m-%d', time.gmtime())}, "
+              f"{device.label(device.info())}, one job at a time)")
         return 0
     ap.print_help()
     return 2

@@ -1,5 +1,6 @@
 """Student code that reaches outside its job (tests/escape_submissions.py), graded by ``labkit grade`` under
-bubblewrap on the simulator: every attack is stopped. And the sandbox's parts: what a child can see and write, a
+bubblewrap on the simulator: every attack is stopped; under the docker mode (where ``$LABKIT_SANDBOX_IMAGE`` names an
+image that ``$LABKIT_DOCKER`` or ``docker`` runs: not in CI) attacks 1 and 3 are too. And the sandbox's parts: what a child can see and write, a
 detached grandchild ended with its sandbox, the limits inside it, the container modes' command lines, the refusal
 to grade without a sandbox unless the instructor says --unsandboxed.
 """
@@ -27,6 +28,8 @@ import escape_submissions as es  # noqa: E402
 
 BWRAP, WHY = isolation.bwrap_usable()
 needs_bwrap = pytest.mark.skipif(BWRAP is None, reason=f"no bubblewrap sandbox here: {WHY}")
+DOCKER, DOCKER_WHY = es.docker_usable()
+needs_docker = pytest.mark.skipif(DOCKER is None, reason=f"the docker mode cannot run here: {DOCKER_WHY}")
 
 
 def _view(tmp_path: Path, read=()) -> isolation.View:
@@ -98,6 +101,47 @@ def test_the_graded_stages_solution_cannot_be_read(graded):
                   "package: FileNotFoundError"):
         assert where in msg, msg
     assert ": read" not in msg
+
+
+@pytest.fixture(scope="module")
+def graded_in_docker(tmp_path_factory):
+    """Attacks 1 and 3 and the classmate attack 1 aims at, graded in the docker mode (podman here)."""
+    if DOCKER is None:
+        pytest.skip(f"the docker mode cannot run here: {DOCKER_WHY}")
+    if not device.is_simulated():
+        pytest.skip("the class is graded on the CUDA simulator")
+    setup = es.write(tmp_path_factory.mktemp("escape-docker"))
+    before = es.snapshot(setup)
+    report = es.grade(setup, sandbox="docker", students=["a1_edit_student", "a3_detached", "z1_victim"])
+    return es.observe(setup, report, before)
+
+
+def test_in_docker_another_students_notebook_cannot_be_edited(graded_in_docker):
+    seen = graded_in_docker
+    assert seen["sandbox"] == "docker" and set(seen["rows"]) == {"a1_edit_student", "a3_detached", "z1_victim"}
+    r, victim = seen["rows"]["a1_edit_student"], seen["rows"]["z1_victim"]
+    assert "could not rewrite z1_victim's notebook" in r["message"], r["message"]  # not bound in its container
+    assert not seen["victim_file_changed"]
+    assert victim["status"] == "error" and es.OWN in victim["message"] and es.EDITED not in victim["message"]
+
+
+def test_in_docker_a_detached_process_ends_with_its_job_and_the_grades_stay(graded_in_docker):
+    seen = graded_in_docker
+    r = seen["rows"]["a3_detached"]
+    assert r["status"] == "error" and "left a detached process" in r["message"], r["message"]
+    assert seen["alive_at_exit"] == []
+    assert not seen["grades_changed_after_exit"]
+    assert seen["detached_row_after"][0] == "error" and seen["detached_row_after"][2] == "error"
+
+
+@needs_docker
+def test_in_docker_ending_the_container_ends_a_detached_grandchild(tmp_path):
+    """The job still runs when it is ended: ``docker rm -f`` (not the job's own exit) ends the grandchild too, and
+    its scratch folder, which it could write, stays as it was."""
+    late, token = _detach_and_stop(DOCKER, tmp_path, _view(tmp_path))
+    assert es.processes_with(token) == []  # this machine sees a container's processes: none left
+    time.sleep(2.5)
+    assert not late.exists()
 
 
 # ------------------------------------------------------------------------------------ the sandbox's parts
@@ -264,6 +308,35 @@ def test_container_command_lines(monkeypatch):
         assert part in dock, part
     assert "CUDA_VISIBLE_DEVICES" not in dock  # inside, its one GPU is GPU 0
     assert isolation.Docker.results_fd == isolation.Apptainer.results_fd == 3 and isolation.Bwrap.results_fd is None
+
+
+def test_the_docker_command_can_be_named(monkeypatch, tmp_path):
+    """$LABKIT_DOCKER names a docker-compatible command (podman, where docker has no daemon); unset, docker."""
+    engine = tmp_path / "podman"
+    engine.write_text("#!/bin/sh\n")
+    engine.chmod(0o755)
+    monkeypatch.setenv(isolation.DOCKER_ENV, str(engine))
+    found = isolation.choose("docker", image="localhost/labkit-sandbox")
+    assert found.mode == "docker" and found.exe == str(engine) and found.describe()["tool"] == "podman"
+    view = isolation.View(("/job/lib",), "/job/work", {}, memory_mb=0)
+    assert isolation.shell_line(found.command(["python"], view, name="j")).startswith(f"{engine} run --rm -i --name j ")
+    monkeypatch.setenv(isolation.DOCKER_ENV, "no-such-engine-labkit")
+    with pytest.raises(isolation.GradeError, match=r"no-such-engine-labkit \(LABKIT_DOCKER\) is not installed"):
+        isolation.choose("docker", image="localhost/labkit-sandbox")
+    monkeypatch.delenv(isolation.DOCKER_ENV)
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: f"/usr/bin/{name}" if name == "docker" else None)
+    plain = isolation.choose("docker", image="course/labkit:1")
+    assert plain.exe == "/usr/bin/docker" and plain.describe()["tool"] == "docker"
+
+
+def test_the_docker_mode_kills_its_container_before_removing_it(monkeypatch):
+    """podman's ``rm -f`` alone waits 10 s on a SIGTERM the container's first process ignores: kill first."""
+    calls = []
+    monkeypatch.setattr(isolation.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    done = subprocess.Popen(["true"])
+    done.wait()
+    assert isolation.Docker("podman", "img").stop(isolation.Child(done, name="labkit-job-1")) == []
+    assert calls == [["podman", "kill", "labkit-job-1"], ["podman", "rm", "-f", "labkit-job-1"]]
 
 
 def test_a_childs_environment_keeps_no_secrets(tmp_path):

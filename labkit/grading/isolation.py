@@ -13,7 +13,8 @@ outside, so the job's JSON is valid in both.
 - ``apptainer``: Slurm clusters. ``apptainer exec --containall --no-home --net --network none --nv`` with the
   course's image (``LABKIT_SANDBOX_IMAGE``) and the same paths bound.
 - ``docker``: where a course grades in Docker: ``docker run --network none --read-only --cap-drop ALL`` with the
-  course's image, the same paths bound, the memory limit as the container's.
+  course's image, the same paths bound, the memory limit as the container's; ``$LABKIT_DOCKER`` names another
+  docker-compatible command (``podman``: no daemon).
 - ``none``: only when the instructor says ``--unsandboxed``: a plain child process (``labkit.grading.sandbox``).
 
 In the container modes the results travel on the container's stdout (the student's prints go to its stderr), as
@@ -43,6 +44,7 @@ MODES = ("bwrap", "apptainer", "docker")
 CHOICES = ("auto", *MODES)
 IMAGE_ENV = "LABKIT_SANDBOX_IMAGE"
 BWRAP_ENV = "LABKIT_BWRAP"  # a bubblewrap binary that is not on PATH
+DOCKER_ENV = "LABKIT_DOCKER"  # the docker-compatible command of --sandbox docker (e.g. podman), else docker
 
 #: the system folders every child reads (the interpreter's shared libraries, the CUDA driver's)
 SYSTEM = ("/usr",)
@@ -355,13 +357,16 @@ class Docker(Container):
                                       **popen), name=name)
 
     def stop(self, child: Child) -> list[int]:
-        """The engine runs the container, not this process: ``docker rm -f`` ends it (and returns once it is gone)."""
+        """The engine runs the container, not this process: ``docker kill`` (SIGKILL at once; podman's ``rm -f`` alone
+        sends SIGTERM, which the container's first process ignores, and kills 10 s later, while a detached process
+        still runs), then ``docker rm -f``, which returns once it is gone."""
         from .sandbox import kill_tree
 
-        try:
-            subprocess.run([self.exe, "rm", "-f", child.name], capture_output=True, timeout=WAIT_GONE_S)
-        except (OSError, subprocess.SubprocessError):
-            pass
+        for action in (["kill", child.name], ["rm", "-f", child.name]):
+            try:
+                subprocess.run([self.exe, *action], capture_output=True, timeout=WAIT_GONE_S)
+            except (OSError, subprocess.SubprocessError):
+                pass
         kill_tree(child.proc)
         return []
 
@@ -397,9 +402,12 @@ def bwrap_usable() -> tuple[Bwrap | None, str]:
 
 def _container(mode: str, image: str | None) -> tuple[Isolation | None, str]:
     cls, tool = (Apptainer, "apptainer") if mode == "apptainer" else (Docker, "docker")
-    exe = shutil.which(tool) or (shutil.which("singularity") if tool == "apptainer" else None)
+    named = os.environ.get(DOCKER_ENV) if tool == "docker" else None  # e.g. podman, where docker has no daemon
+    exe = shutil.which(named or tool) or (shutil.which("singularity") if tool == "apptainer" else None)
     if exe is None:
-        return None, f"{tool} is not installed"
+        return None, f"{named} ({DOCKER_ENV}) is not installed" if named else f"{tool} is not installed"
+    if named:
+        tool = Path(exe).name
     if not image:
         return None, (f"{tool} needs the course's image with the kit's Python environment: set {IMAGE_ENV} "
                       f"(e.g. {IMAGE_ENV}=labkit.sif)")
