@@ -43,6 +43,7 @@ STAGES = {
         Stage("07", "07_unroll_matmul.ipynb", "unroll (im2col) + tiled matmul"),
         Stage("08", "08_fusion.ipynb", "fused unroll + matmul, fused epilogues"),
         Stage("09", "09_per_layer_tuning.ipynb", "per-layer kernels and tuning"),
+        Stage("10", "10_whole_job.ipynb", "the whole job: split-K fc, CUDA graphs, streams"),
     )
 }
 
