@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import ceilings, cudnn, device, reference, stages
+from . import bench_whole, ceilings, cudnn, device, reference, stages
 from .check import check_variant
 from .engine import run
 from .ledger import Ledger, repo_root
@@ -259,11 +259,15 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                     row.update(_row_numbers(rep, wl.net), accuracy=rep.accuracy, reference_accuracy=ref_acc,
                                predictions_equal=bool(np.array_equal(preds, ref_pred)),
                                simulated=rep.simulated, workload=wl.note)
+                    if variant.target == "gpu":
+                        row.update(_whole_call(wl, variant, times, limits.budget_s))
                 except Exception as exc:  # noqa: BLE001 - one broken variant must not stop the ladder
                     row["error"] = f"{type(exc).__name__}: {exc}"
                     row["traceback"] = traceback.format_exc(limit=4)
             rows.append(row)
             bar.update()
+        if variant.pipeline is not None and net == "cifar10" and not (skipped or variant.unavailable() or failed):
+            rows += _end_to_end(label, name, variant, max(sizes(net)), reference_of, repeat, limits.budget_s)
     if baselines:
         for net in base_nets:
             for n in sizes(net):
@@ -279,6 +283,29 @@ class Rows(list):
     def __init__(self, rows: list[dict], folder: Path):
         super().__init__(rows)
         self.folder = folder
+
+
+def _whole_call(wl, variant, repeat: int, budget_s: float | None) -> dict:
+    """The whole call's columns (``bench_whole``) and the fraction of the fp32 floor it reaches; a failure (a
+    graph that cannot be captured, say) is one line in ``whole_call_error``, the per-layer row stays."""
+    try:
+        out = bench_whole.whole_call(wl, variant, repeat, budget_s)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row
+        return {"whole_call_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    return {**out, **bench_whole.floor(wl.net, wl.images, out["whole_call_s"])}
+
+
+def _end_to_end(label: str, name: str, variant, images: int, reference_of, repeat: int,
+                budget_s: float | None) -> list[dict]:
+    """A pipeline variant's end-to-end rows (``bench_whole.end_to_end``) at ``images`` cifar10 images (the
+    simulator's few on the simulator); one row with the error when they cannot run."""
+    try:
+        wl, ref_run = reference_of("cifar10", images, variant.target)
+        return bench_whole.end_to_end(label, name, variant, wl, ref_run.predictions, repeat, budget_s)
+    except Exception as exc:  # noqa: BLE001 - one broken pipeline must not stop the ladder
+        return [{"stage": f"{label}: end to end", "variant": name, "net": "cifar10", "images": images,
+                 "target": "gpu", "kind": "end_to_end", "error": f"{type(exc).__name__}: {exc}",
+                 "traceback": traceback.format_exc(limit=4)}]
 
 
 def _slow_kind(variant) -> str | None:
@@ -318,11 +345,22 @@ def _baselines(net: str, n: int, reference_of, ledger, command, repeat) -> list[
     if cudnn.available():
         rep, preds = cudnn.time_forward(wl, repeat=max(repeat, 5))
         ledger.record(rep, command=command)
-        rows.append({"stage": rep.stage, "variant": "cudnn", "net": net, "images": n, "target": "gpu",
-                     "checks": "-", **_row_numbers(rep, wl.net), "accuracy": rep.accuracy,
-                     "predictions_equal": bool(np.array_equal(preds, ref_pred)), "simulated": False,
-                     "workload": wl.note})
+        row = {"stage": rep.stage, "variant": "cudnn", "net": net, "images": n, "target": "gpu",
+               "checks": "-", **_row_numbers(rep, wl.net), "accuracy": rep.accuracy,
+               "predictions_equal": bool(np.array_equal(preds, ref_pred)), "simulated": False,
+               "workload": wl.note}
+        try:  # the whole torch forward and the copy of its output to the host, in this process, as the kit's
+            seconds, _ = cudnn.whole_call(wl, repeat=max(repeat, 5))
+            row.update(whole_call_s=float(np.median(seconds)), whole_call_range=(min(seconds), max(seconds)),
+                       whole_call_runs=len(seconds), whole_call_how=CUDNN_WHOLE_CALL,
+                       **bench_whole.floor(wl.net, n, float(np.median(seconds))))
+        except Exception as exc:  # noqa: BLE001 - the per-layer row stays
+            row["whole_call_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        rows.append(row)
     return rows
+
+
+CUDNN_WHOLE_CALL = "torch forward (launches + output copy to host)"
 
 
 def versions() -> dict:
@@ -482,8 +520,9 @@ def _write(out: Path, rows: list[dict], command: str, append: bool = False) -> P
 
 def _write_files(out: Path, rows: list[dict], command: str, meta: dict) -> None:
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    fields = ["stage", "net", "images", "checks", "total_s", "conv_s", "conv_gflops", "conv_gbs", "accuracy",
-              "reference_accuracy", "predictions_equal", "simulated", "skipped", "error"]
+    fields = ["stage", "net", "images", "checks", "total_s", "whole_call_s", "whole_call_how", "floor_fraction",
+              "conv_s", "conv_gflops", "conv_gbs", "accuracy", "reference_accuracy", "predictions_equal", "e2e_s",
+              "chunk", "streams", "classes_differing", "simulated", "skipped", "error"]
     with open(out / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -528,16 +567,20 @@ def _yes_no(value) -> str:
 
 def table(rows: list[dict]) -> str:
     """Stage ladder as text: one line per run; speedup over the baseline of the same net and image count
-    (``labkit.stages.speedup_baseline``: the numpy reference when it ran); ``runs``: the timed runs its times are
-    the median of."""
-    lines = [f"{'stage':<34} {'net':<8} {'images':>6} {'check':<5} {'total s':>10} {'conv s':>10} "
-             f"{'conv GF/s':>9} {'conv GB/s':>9} {'speedup':>8} {'accuracy':>8} {'=ref':>4} {'runs':>4}"]
+    (``labkit.stages.speedup_baseline``: the numpy reference when it ran); ``whole s``: the whole call
+    (``bench_whole``: launches and download, a graph replay where the variant has one: marked ``g``); ``%floor``:
+    the fp32 floor over the whole call; ``runs``: the timed runs its times are the median of. End-to-end rows
+    (host bytes to host classes) follow in a table of their own."""
+    ladder = [r for r in rows if r.get("kind") != "end_to_end"]
+    lines = [f"{'stage':<34} {'net':<8} {'images':>6} {'check':<5} {'total s':>10} {'whole s':>11} {'conv s':>10} "
+             f"{'conv GF/s':>9} {'conv GB/s':>9} {'%floor':>6} {'speedup':>8} {'accuracy':>8} {'=ref':>4} "
+             f"{'runs':>4}"]
     timed: dict = {}
-    for r in rows:
+    for r in ladder:
         if "total_s" in r:
             timed.setdefault((r["net"], r["images"]), {})[r["stage"]] = r["total_s"]
     base = {key: runs[stages.speedup_baseline(runs)] for key, runs in timed.items()}
-    for r in rows:
+    for r in ladder:
         key = (r["net"], r["images"])
         if "total_s" not in r:
             why = r.get("skipped") or r.get("error", "")
@@ -546,7 +589,23 @@ def table(rows: list[dict]) -> str:
         acc = "n/a" if r.get("accuracy") is None else f"{100 * r['accuracy']:.2f}"
         gf = "-" if r.get("conv_gflops") is None else f"{r['conv_gflops']:.1f}"
         gb = "-" if r.get("conv_gbs") is None else f"{r['conv_gbs']:.1f}"
+        whole = "-" if r.get("whole_call_s") is None else \
+            f"{r['whole_call_s']:.6f}" + ("g" if r.get("whole_call_how") == bench_whole.WHOLE_CALL_GRAPH else " ")
+        floor = "-" if r.get("floor_fraction") is None else f"{100 * r['floor_fraction']:.1f}"
         lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} "
-                     f"{r['total_s']:>10.6f} {r['conv_s']:>10.6f} {gf:>9} {gb:>9} {base[key] / r['total_s']:>7.1f}x "
-                     f"{acc:>8} {_yes_no(r.get('predictions_equal')):>4} {r.get('runs', '?'):>4}")
+                     f"{r['total_s']:>10.6f} {whole:>11} {r['conv_s']:>10.6f} {gf:>9} {gb:>9} {floor:>6} "
+                     f"{base[key] / r['total_s']:>7.1f}x {acc:>8} {_yes_no(r.get('predictions_equal')):>4} "
+                     f"{r.get('runs', '?'):>4}")
+    e2e = [r for r in rows if r.get("kind") == "end_to_end"]
+    if e2e:
+        lines += ["", "end to end: uint8 images on the host to classes on the host",
+                  f"{'stage':<64} {'images':>6} {'e2e s':>10} {'range s':>21} {'runs':>4} {'=ref':>4}"]
+        for r in e2e:
+            if "e2e_s" not in r:
+                lines.append(f"{r['stage']:<64} {r['images']:>6} {r.get('error', '')}")
+                continue
+            lo, hi = r["e2e_range"]
+            same = "yes" if r.get("classes_equal") else f"NO ({r.get('classes_differing')})"
+            lines.append(f"{r['stage']:<64} {r['images']:>6} {r['e2e_s']:>10.6f} {f'{lo:.6f}-{hi:.6f}':>21} "
+                         f"{r['e2e_runs']:>4} {same:>4}")
     return "\n".join(lines)

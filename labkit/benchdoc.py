@@ -28,7 +28,12 @@ the folder's own. Do not edit by hand; run `labkit bench-doc FOLDER ...` again.
 Columns: *conv GB/s* is the spec's minimum conv bytes (each input, weight and output element moved once) over the
 conv time; *% fp32* is conv GFLOP/s over the device's fp32 ceiling; *speedup* is the numpy reference's total time
 over this one; *time / cuDNN* is this total over cuDNN's (above 1: slower than cuDNN); *= ref* says whether the
-predictions equal the numpy reference's.
+predictions equal the numpy reference's. *whole call s* is the whole forward call as a caller waits for it (CUDA
+events around every launch, the gaps between them and the download of the class probabilities; *(graph)*: a
+replay of the forward captured in a CUDA graph, then the download), the median of its runs; *% of floor* is the
+net's FLOPs at the device's fp32 peak over that whole call. *End to end* tables time a stage's pipeline from
+uint8 images on the host to classes on the host (pinned memory, chunks over streams) beside `Job.serial` (one
+stream, pageable), every image's class compared with the numpy reference's (*= ref*).
 """
 
 
@@ -138,8 +143,14 @@ def _section(folder: Path, bench: dict, doc: Path, img_dir: Path) -> str:
     analysis = []
     for net, n in sorted({(r["net"], r["images"]) for r in rows if "net" in r and "images" in r}):
         group = [r for r in rows if (r.get("net"), r.get("images")) == (net, n)]
-        lines += ["", f"### {net}, {n} images", "", *_table(group, roof)]
-        untimed = [r for r in group if "total_s" not in r]
+        ladder = [r for r in group if r.get("kind") != "end_to_end"]
+        e2e = [r for r in group if r.get("kind") == "end_to_end"]
+        lines += ["", f"### {net}, {n} images"]
+        if ladder:
+            lines += ["", *_table(ladder, roof)]
+        if e2e:
+            lines += ["", f"End to end, {n} uint8 images on the host to classes on the host:", "", *_e2e_table(e2e)]
+        untimed = [r for r in ladder if "total_s" not in r]
         if untimed:
             lines += ["", "Not timed: " + "; ".join(f"`{r.get('stage', '?')}` ({_why(r)})" for r in untimed) + "."]
         links = _plots(folder, net, n, doc, img_dir)
@@ -200,7 +211,7 @@ def _table(rows: list[dict], roof: dict | None) -> list[str]:
     ref = _baseline(rows, lambda r: r.get("stage") == REFERENCE_LABEL)
     cudnn = _baseline(rows, _is_cudnn)
     out = [("| stage | checks | total s | conv s | conv GFLOP/s | conv GB/s | % fp32 | speedup | time / cuDNN "
-            "| accuracy % | = ref |"), "|" + "---|" * 11]
+            "| accuracy % | = ref | whole call s | % of floor |"), "|" + "---|" * 13]
     for r in rows:
         if "total_s" not in r:
             continue
@@ -214,7 +225,32 @@ def _table(rows: list[dict], roof: dict | None) -> list[str]:
                    f"{_f(gf, '.1f')} | {_f(gb, '.1f')} | {_pct(peak)} | "
                    f"{speedup} | "
                    f"{_ratio(t / cudnn) if cudnn else '-'} | {_f(acc, '.2f')} | "
-                   f"{'-' if same is None else 'yes' if same else 'NO'} |")
+                   f"{'-' if same is None else 'yes' if same else 'NO'} | {_whole(r)} | "
+                   f"{_pct(None if r.get('floor_fraction') is None else 100 * r['floor_fraction'])} |")
+    return out
+
+
+def _whole(row: dict) -> str:
+    """The whole call's median and range, "(graph)" when it replays a CUDA graph."""
+    w = row.get("whole_call_s")
+    if w is None:
+        return "-"
+    lo, hi = row.get("whole_call_range") or (w, w)
+    graph = " (graph)" if "graph" in str(row.get("whole_call_how", "")) and "no CUDA graph" not in str(
+        row.get("whole_call_how", "")) else ""
+    return f"{_f(w)} ({_f(lo)}-{_f(hi)}){graph}"
+
+
+def _e2e_table(rows: list[dict]) -> list[str]:
+    out = ["| stage | chunk | streams | end to end s | range s | runs | = ref |", "|" + "---|" * 7]
+    for r in rows:
+        if "e2e_s" not in r:
+            out.append(f"| {_cell(r.get('stage', '?'))} | - | - | {_cell(_why(r))} | - | - | - |")
+            continue
+        lo, hi = r["e2e_range"]
+        same = "yes" if r.get("classes_equal") else f"NO ({r.get('classes_differing')} differ)"
+        out.append(f"| {_cell(r.get('stage', '?'))} | {r.get('chunk', '-')} | {r.get('streams', '-')} | "
+                   f"{_f(r['e2e_s'])} | {_f(lo)}-{_f(hi)} | {r.get('e2e_runs', '-')} | {same} |")
     return out
 
 

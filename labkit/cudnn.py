@@ -90,6 +90,45 @@ def time_forward(wl: Workload, repeat: int = 10, warmup: int = 3,
     return report, preds
 
 
+def whole_call(wl: Workload, repeat: int = 10, warmup: int = 3,
+               budget_s: float | None = None) -> tuple[list[float], np.ndarray]:
+    """Seconds of each whole forward call through PyTorch (fp32, TF32 off) and the predictions: CUDA events
+    (``timing.Clock``, as the kit's whole calls are timed) around every layer's launch and the copy of the class
+    probabilities to the host. ``budget_s``: no further call once the timed ones add up to this (at least one)."""
+    import torch
+
+    from .timing import Clock
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    weights = {k: torch.from_numpy(v).to(dev) for k, v in wl.weights.items()}
+    fns = [_layer_fn(layer, weights) for layer in wl.net.layers]
+    x = torch.from_numpy(np.ascontiguousarray(wl.x)).to(dev)
+    got = {}
+
+    def call():
+        y = x
+        for fn in fns:
+            y = fn(y)
+        got["probs"] = y.cpu().numpy()
+
+    seconds: list[float] = []
+    with torch.inference_mode():
+        for i in range(warmup + repeat):
+            if budget_s is not None and seconds and sum(seconds) >= budget_s:
+                break
+            clock = Clock("auto")
+            with clock.section("whole"):
+                call()
+            if i >= warmup:
+                seconds.append(clock.seconds()["whole"])
+    del x, weights
+    torch.cuda.empty_cache()
+    return seconds, reference.predict(got["probs"])
+
+
 def precision_paths(wl: Workload, reference_predictions: np.ndarray, repeat: int = 10) -> list[dict]:
     """The cuDNN pass in fp32, with TF32 and in fp16 on one workload: median total and conv seconds, and how many
     images' predictions differ from the numpy reference's (what a faster path would cost; the kit stays fp32)."""

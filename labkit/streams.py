@@ -19,9 +19,10 @@ Nesting restores the lane outside. Blocks of different lanes may use the same de
 synchronization in between; the kit's per-lane buffers (``lk.whole.Job``) never share one.
 
 On numba's CUDA simulator every launch runs at once, in call order, so streams change nothing there except one
-thing this module imitates on purpose: a ``to_host(dev, out=host)`` inside a lane reads the device array at the
-call but fills ``out`` only at ``lane.synchronize()`` (or ``lk.gpu.synchronize()``), so a pipeline that forgets to
-synchronize fails here as it would on a GPU.
+thing this module imitates on purpose: a ``to_host(dev, out=host)`` inside a lane into pinned memory (``pinned``)
+reads the device array at the call but fills ``out`` only at ``lane.synchronize()`` (or ``lk.gpu.synchronize()``),
+so a pipeline that forgets to synchronize fails here as it would on a GPU. (Into pageable memory a GPU's copy is
+done when the call returns, and so is the simulator's.)
 """
 
 from __future__ import annotations
@@ -115,16 +116,21 @@ def _cupy_streams() -> bool:
     return device.info().kind == "gpu" and bool(device.info().cupy)
 
 
+class SimulatedPinned(np.ndarray):
+    """The simulator's pinned memory: a numpy array that a lane's host copies fill only at the lane's
+    synchronize(), as a GPU's asynchronous copies into pinned memory land some time before it."""
+
+
 def pinned(shape, dtype=np.float32) -> np.ndarray:
     """A host array in pinned (page-locked) memory (``cuda.pinned_array``): copies from and to it on a lane are
     truly asynchronous, so they overlap other lanes' kernels. Its contents start undefined. On the simulator a
-    plain numpy array (there is nothing to overlap)."""
+    numpy array (``SimulatedPinned``; there is nothing to overlap)."""
     from numba import cuda
 
     from . import simulator
 
     if simulator.active():
-        return np.empty(shape, dtype)
+        return np.empty(shape, dtype).view(SimulatedPinned)
     return cuda.pinned_array(shape, dtype)
 
 
@@ -133,10 +139,11 @@ def pinned(shape, dtype=np.float32) -> np.ndarray:
 
 def copy_to_host(lane: Lane, device_array, out):
     """``device_array`` into ``out`` asynchronously on ``lane`` (lk.gpu.to_host inside ``with lane:``). On the
-    simulator the values are taken now and written into ``out`` at ``lane.synchronize()``."""
+    simulator, into pinned memory (``pinned``), the values are taken now and written into ``out`` at
+    ``lane.synchronize()``; into pageable memory at once (a GPU's copy into pageable memory is done on return)."""
     from . import simulator
 
-    if simulator.active():
+    if simulator.active() and isinstance(out, SimulatedPinned):
         values = device_array.copy_to_host()
         if np.shape(out) != values.shape:
             raise ValueError(f"to_host: out has shape {np.shape(out)}, the device array {values.shape}")

@@ -1,0 +1,148 @@
+"""The bench's figures of the whole job, beside the per-layer sums: what a caller waits for.
+
+- **whole call**: CUDA events (``timing.Clock``) around the whole ``engine.forward`` call: every launch, the gaps
+  between them and the small download of the class probabilities. For a ``Variant(graph=True)`` the call is a
+  replay of its forward captured in a CUDA graph (``lk.graphs``), then the download; labelled so.
+- **floor fraction**: the net's FLOPs (``nets.net_cost``) at the device's fp32 peak (``labkit.ceilings``) over
+  the whole call: how close the call comes to the time the arithmetic alone would take. Only for GPU timings.
+- **end to end**: for a ``Variant(pipeline=...)``, stored CIFAR-10 bytes on the host to classes on the host
+  (``lk.whole.Job``): the variant's pipeline from pinned memory in chunks over streams, and ``Job.serial`` (one
+  stream, pageable), every image's class compared with the numpy reference's prediction.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from . import ceilings, data, device, engine, gpu, graphs, reference, simulator, streams, upload, whole
+from .nets import net_cost
+from .timing import Clock
+
+WHOLE_CALL_ENGINE = "engine.forward (launches + output download)"
+WHOLE_CALL_GRAPH = "CUDA graph replay + output download"
+#: (chunk, streams) of a pipeline's end-to-end rows on a GPU (the probe's best were chunks of 5000 over 4 streams)
+E2E_CONFIGS = ((50000, 1), (10000, 2), (5000, 4))
+#: on the simulator: a few images, a last chunk smaller than the others
+E2E_IMAGES_SIMULATOR = 3
+E2E_CONFIGS_SIMULATOR = ((2, 2),)
+
+
+def timed(call, repeat: int, budget_s: float | None = None) -> list[float]:
+    """Seconds of up to ``repeat`` calls (``Clock("auto")``: CUDA events on a GPU, perf_counter with a
+    synchronization elsewhere); no further call once they add up to ``budget_s`` (at least one runs)."""
+    seconds: list[float] = []
+    for _ in range(max(1, repeat)):
+        if budget_s is not None and seconds and sum(seconds) >= budget_s:
+            break
+        clock = Clock("auto")
+        with clock.section("whole"):
+            call()
+        seconds.append(clock.seconds()["whole"])
+    return seconds
+
+
+def _spread(prefix: str, seconds: list[float]) -> dict:
+    return {f"{prefix}_s": statistics.median(seconds), f"{prefix}_range": (min(seconds), max(seconds)),
+            f"{prefix}_runs": len(seconds)}
+
+
+def whole_call(wl, variant, repeat: int, budget_s: float | None = None) -> dict:
+    """The whole-call columns of one GPU row (``whole_call_s``, ``_range``, ``_runs``, ``_how``), after one
+    untimed call."""
+    prepared = engine.prepare(wl.net, variant, wl.x, wl.weights)
+    if variant.graph:
+        lane = streams.lanes(1)[0]
+        graph = graphs.capture(lambda: engine.forward(wl.net, variant, prepared, download=False,
+                                                      tag="bench graph"), lane)
+
+        def call():
+            return gpu.to_host(graph.replay(), name="output")  # the default stream waits for the (blocking) lane
+
+        how = WHOLE_CALL_GRAPH if graph.captured else f"{graph.note} (+ output download)"
+    else:
+        def call():
+            return engine.forward(wl.net, variant, prepared)
+
+        how = WHOLE_CALL_ENGINE
+    call()
+    return {**_spread("whole_call", timed(call, repeat, budget_s)), "whole_call_how": how}
+
+
+def floor(net, images: int, whole_s: float | None) -> dict:
+    """``floor_s`` (the net's FLOPs at the device's fp32 peak) and ``floor_fraction`` (floor_s / whole_s) on a
+    GPU whose ceilings are known; nothing elsewhere (simulator, CPU rows)."""
+    if device.info().kind != "gpu" or not whole_s:
+        return {}
+    roof = ceilings.for_device(device.label())
+    if roof is None:
+        return {}
+    floor_s = sum(c.flops for c in net_cost(net, images).values()) / roof.flops
+    return {"floor_s": floor_s, "floor_fraction": floor_s / whole_s}
+
+
+def _bytes_and_truth(wl, ref_predictions: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """The uint8 images of the end-to-end rows and the numpy reference's classes for them. On a GPU the stored
+    bytes of the workload's own images (``upload.stored_bytes``: the reference's predictions of the workload are
+    reused when the bytes are those images); on the simulator a few random images of the shrunk net."""
+    net = wl.net
+    if simulator.active():
+        raw = np.random.default_rng(24).integers(0, 256, (E2E_IMAGES_SIMULATOR, *net.input_shape), dtype=np.uint8)
+        note = f"simulated: {net.name}, {len(raw)} random images (the workload's random weights)"
+    else:
+        raw = upload.stored_bytes(wl.images)
+        note = wl.note
+    x = data.to_input(net, raw)
+    if ref_predictions is not None and x.shape == wl.x.shape and np.array_equal(x, wl.x):
+        return raw, ref_predictions, note
+    return raw, reference.predict(reference.forward(net, wl.weights, x)), note + "; reference run on these bytes"
+
+
+def end_to_end(label: str, name: str, variant, wl, ref_predictions, repeat: int,
+               budget_s: float | None = None) -> list[dict]:
+    """End-to-end rows of a variant with a pipeline: ``Job.serial`` and the pipeline at each (chunk, streams),
+    host bytes to host classes, each timed after one untimed call whose classes (poisoned with -1 first) are
+    compared with the reference's on every image."""
+    raw, truth, note = _bytes_and_truth(wl, ref_predictions)
+    images = len(raw)
+    job = whole.Job(wl.net, variant, wl.weights)
+    base = {"variant": name, "net": "cifar10", "images": images, "target": "gpu", "kind": "end_to_end",
+            "simulated": simulator.active(), "device": device.label(), "workload": note}
+    rows = []
+    got: dict = {}
+
+    def serial():
+        got["serial"] = job.serial(raw)
+
+    serial()
+    rows.append({**base, "stage": f"{label}: Job.serial (one stream, pageable)", "chunk": images, "streams": 1,
+                 **_spread("e2e", timed(serial, repeat, budget_s)), **_compared(got["serial"], truth)})
+    raw_pinned = streams.pinned(raw.shape, np.uint8)
+    raw_pinned[...] = raw
+    classes = streams.pinned((images,), np.int32)
+    configs = E2E_CONFIGS_SIMULATOR if simulator.active() else E2E_CONFIGS
+    for chunk, count in configs:
+        chunk = min(chunk, images)
+
+        def pipeline():
+            variant.pipeline(job, raw_pinned, classes, chunk, count)
+
+        row = {**base, "stage": f"{label}: pipeline, chunks of {chunk} over {count} streams (pinned)",
+               "chunk": chunk, "streams": count}
+        try:
+            classes[...] = -1
+            pipeline()
+            first = _compared(np.array(classes), truth)  # as the pipeline left them: no synchronization of ours
+            gpu.synchronize()
+            row.update(_spread("e2e", timed(pipeline, repeat, budget_s)), **first)
+        except Exception as exc:  # noqa: BLE001 - a broken pipeline must not stop the ladder
+            gpu.synchronize()
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        rows.append(row)
+    return rows
+
+
+def _compared(classes: np.ndarray, truth: np.ndarray) -> dict:
+    differing = int(np.count_nonzero(classes != truth))
+    return {"classes_differing": differing, "classes_equal": differing == 0}
