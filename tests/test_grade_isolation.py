@@ -174,8 +174,8 @@ print(json.dumps(seen))
 """
 
 
-@needs_bwrap
-def test_a_child_reads_only_its_view_and_writes_only_its_scratch(tmp_path):
+def _probe(iso, tmp_path: Path) -> tuple[dict, Path]:
+    """What a child of ``iso`` could read, write, reach and see (PROBE), and the file it was given to read."""
     import json
 
     allowed = tmp_path / "allowed.txt"
@@ -187,9 +187,15 @@ def test_a_child_reads_only_its_view_and_writes_only_its_scratch(tmp_path):
              "shadow": "/etc/shadow", "home": os.path.expanduser("~/.bashrc")}
     writes = {"scratch": f"{view.scratch}/out.txt", "allowed (read-only)": str(allowed), "tmp": "/tmp/escape.txt",
               "venv": f"{sys.prefix}/escape.txt", "root": "/escape.txt"}
-    got = _run(BWRAP, [sys.executable, "-c", PROBE, json.dumps(reads), json.dumps(writes), str(allowed)], view)
+    got = _run(iso, [sys.executable, "-c", PROBE, json.dumps(reads), json.dumps(writes), str(allowed)], view)
     assert got.returncode == 0, got.stderr
-    seen = json.loads(got.stdout)
+    # in a container the results' stdout is descriptor 3: a print goes to stderr
+    return json.loads(got.stdout if iso.results_fd is None else got.stderr.strip().splitlines()[-1]), allowed
+
+
+@needs_bwrap
+def test_a_child_reads_only_its_view_and_writes_only_its_scratch(tmp_path):
+    seen, allowed = _probe(BWRAP, tmp_path)
     assert seen["allowed"] == "read" and seen["scratch"] == "wrote"
     for name in ("hidden", "solution", "kit source", "shadow", "home"):
         assert seen[name] == "FileNotFoundError", (name, seen)
@@ -199,6 +205,21 @@ def test_a_child_reads_only_its_view_and_writes_only_its_scratch(tmp_path):
     assert seen["remount"] != 0  # no capability left to make a read-only bind writable again
     assert max(seen["pids"]) < 10  # a PID namespace of its own: none of this machine's processes
     assert allowed.read_text() == "ok" and not Path("/tmp/escape.txt").exists()
+
+
+@needs_docker
+def test_in_docker_a_child_reads_only_its_view_and_writes_only_its_scratch(tmp_path):
+    seen, allowed = _probe(DOCKER, tmp_path)
+    assert seen["allowed"] == "read" and seen["scratch"] == "wrote"
+    for name in ("hidden", "solution", "kit source", "shadow", "home"):
+        assert seen[name] == "FileNotFoundError", (name, seen)
+    for name in ("allowed (read-only)", "venv", "root"):
+        assert seen[name] == "OSError", (name, seen)
+    assert seen["tmp"] == "wrote" and not Path("/tmp/escape.txt").exists()  # podman's /tmp: the container's own
+    assert seen["net"] in ("OSError", "ConnectionRefusedError") and seen["net"] != "connected", seen
+    assert seen["remount"] != 0
+    assert max(seen["pids"]) < 10
+    assert allowed.read_text() == "ok"
 
 
 DETACH = """
@@ -276,6 +297,17 @@ def test_both_memory_guards_work_inside_the_sandbox(tmp_path):
     finally:
         assert BWRAP.stop(child) == []
     assert BWRAP.exit_status(child.proc.returncode) == -9
+
+
+@needs_docker
+def test_in_docker_the_memory_limit_is_the_containers(tmp_path):
+    """``--memory``: a child touching 1 GiB in a 256 MB container is killed (the watchdog could not see it)."""
+    import dataclasses
+
+    view = dataclasses.replace(_view(tmp_path), memory_mb=256)
+    touch = "b = bytearray(1 << 30)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint('allocated')"
+    got = _run(DOCKER, [sys.executable, "-c", touch], view)
+    assert got.returncode == -9 and "allocated" not in got.stderr, (got.returncode, got.stderr[-300:])
 
 
 @needs_bwrap

@@ -289,6 +289,7 @@ class Container(Sandboxed):
     #: inside the container: descriptor 3 carries the results on stdout, the student's prints go to stderr
     WRAP = ["sh", "-c", 'exec 3>&1 1>&2; exec "$@"', "sh"]
     PYTHON = "python3"
+    TESTED = "not run by the kit's own tests"
 
     def __init__(self, exe: str, image: str, version: str = ""):
         self.exe, self.image, self.version = exe, image, version
@@ -296,7 +297,7 @@ class Container(Sandboxed):
     def describe(self) -> dict:
         return {"mode": self.mode, "tool": self.version, "image": self.image, "guarantees": (
             "reads only the image and the bound kit, submission, inputs and earlier stages' given code; writes only "
-            "its scratch folder; no network; its PID namespace ends with it (not run by the kit's own tests)")}
+            f"its scratch folder; no network; its PID namespace ends with it ({self.TESTED})")}
 
     def inner(self, argv: list[str]) -> list[str]:
         """The worker's command inside the image: the image's Python, the results on stdout."""
@@ -331,6 +332,7 @@ class Apptainer(Container):
 
 class Docker(Container):
     mode = "docker"
+    TESTED = "run by the kit's own tests through podman where an image is built, not in CI"
 
     def command(self, argv: list[str], view: View, name: str = "labkit-job", **_) -> list[str]:
         cmd = [self.exe, "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only", "--cap-drop", "ALL",
