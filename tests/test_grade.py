@@ -594,6 +594,7 @@ def test_batch_sizes_come_from_one_place(tmp_path):
     ("[checks]\nsim_batches = [1]\n", "unknown key checks.sim_batches"),
     ("[accuracy]\nsim_images = 2\n", "unknown key accuracy.sim_images"),
     ("[checks]\nbatches = []\n", "checks.batches must be a list of batch sizes"),
+    ('[checks]\nown_layers = ["pool"]\n', "checks.own_layers must list layer kinds"),
     ("[op_time]\nfull_at_ratio = 5.0\nzero_at_ratio = 2.0\n", "full_at_ratio < op_time.zero_at_ratio"),
     ('[stage."42"]\n', "names no stage"),
 ])

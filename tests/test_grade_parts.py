@@ -113,6 +113,29 @@ def test_shipped_solutions_pass_the_scan(stage):
     assert ownership.scan(ownership.conv_roots(ns["VARIANTS"][timed]), code, ownership.Library()) == []
 
 
+def test_stage_10s_own_work_is_its_fc_and_the_scan_looks_there(tmp_path):
+    """Stage 10's convolutions are stage 09's (given code): as conv roots they are not the student's work, so its
+    rubric names the fc layers instead (checks.own_layers); the solution's fc passes the scan, and an fc that calls
+    a library matrix product is found there."""
+    r = grading.load_rubric().for_stage("10")
+    kinds = tuple(r["checks"]["own_layers"])
+    assert kinds == ("fc",)
+    code = ownership.Code("10", {n: s.notebook for n, s in STAGES.items()})
+    ns = ownership.load_cells(REPO / "solutions" / STAGES["10"].notebook, code.own, code.trees)
+    timed = ns["VARIANTS"][r["timed_variant"]]
+    assert ownership.scan(ownership.conv_roots(timed, kinds), code, ownership.Library()) == []
+    as_convs = ownership.scan(ownership.conv_roots(timed), code, ownership.Library())
+    assert as_convs and all("given code" in f for f in as_convs), as_convs
+    path = _notebook(tmp_path, "10", HEAD, """
+        def fc(x, w, b, out):
+            out[...] = x @ w.T + b
+        """, 'VARIANTS = lk.variants("10", {"v": lk.Variant({"fc": fc}, target="cpu")})')
+    code = ownership.Code("10", {n: s.notebook for n, s in STAGES.items()})
+    v = ownership.load_cells(path, code.own, code.trees)["VARIANTS"]["v"]
+    found = ownership.scan(ownership.conv_roots(v, kinds), code, ownership.Library())
+    assert found and "@ operator" in found[0] and ownership.scan(ownership.conv_roots(v), code, ownership.Library()) == []
+
+
 def test_the_trace_records_library_calls_and_whose_kernels_ran(tmp_path):
     code = ownership.Code("04", {n: s.notebook for n, s in STAGES.items()})
     lib = ownership.Library()

@@ -237,7 +237,7 @@ class Job:
                          variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
                          cases=cases, accuracy=accuracy, timing=timing,
                          technique=P.TechniqueSpec(**tech) if tech else None,
-                         memory_mb=r["limits"]["memory_mb"],
+                         own_layers=list(r["checks"].get("own_layers", ["conv"])), memory_mb=r["limits"]["memory_mb"],
                          memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
                          max_file_mb=r["limits"]["max_file_mb"])
 
@@ -509,6 +509,7 @@ class TechniqueJob(Job):
         return P.JobSpec(stage=self.plan.stage.number, notebook="", inputs=Inputs(self.refs).save(folder),
                          variants=dict(self.plan.variants), nets={}, workloads={}, timed=self.plan.timed, cases=[],
                          accuracy=[], timing=None, technique=P.TechniqueSpec(**tech),
+                         own_layers=list(r["checks"].get("own_layers", ["conv"])),
                          memory_mb=r["limits"]["memory_mb"], memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"],
                                                                                               False),
                          max_file_mb=r["limits"]["max_file_mb"])

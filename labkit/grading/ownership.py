@@ -226,15 +226,16 @@ def _cell_contents(fn: types.FunctionType) -> list:
 # ------------------------------------------------------------------------------------------ static scan
 
 
-def conv_roots(variant) -> list[tuple[str, object]]:
-    """(label, function) of every conv function of a variant, one per function: ("conv1, conv2 (variant 'x')", fn)."""
+def conv_roots(variant, kinds=("conv",)) -> list[tuple[str, object]]:
+    """(label, function) of every conv function of a variant (or of every layer of ``kinds``: the stage's own work,
+    ``checks.own_layers``), one per function: ("conv1, conv2 (variant 'x')", fn)."""
     from ..layers import impl_for, kernel_layers
     from ..nets import get_net
 
     by_fn: dict[int, tuple[list[str], object]] = {}
     for net_name in variant.nets:
         for layer in kernel_layers(get_net(net_name)):
-            fn = impl_for(variant.impls, layer) if layer.kind == "conv" else None
+            fn = impl_for(variant.impls, layer) if layer.kind in kinds else None
             if fn is not None:
                 names = by_fn.setdefault(id(fn), ([], fn))[0]
                 if layer.name not in names:

@@ -214,6 +214,7 @@ class JobSpec(Record):
     timing: TimingSpec | None = None
     technique: TechniqueSpec | None = None
     tuning: str = ""  # the tuning choices (results/tuning.json) the grader read: the child reads the same
+    own_layers: list[str] = dataclasses.field(default_factory=lambda: ["conv"])  # kinds scanned and traced
     memory_mb: int = 0
     memory_guard: str = "none"
     max_file_mb: int = 0

@@ -21,7 +21,7 @@ DEFAULT_RUBRIC = Path(__file__).resolve().parent.parent / "rubric.toml"
 SECTIONS = {
     "limits": {"time_s": (int, float), "sim_time_s": (int, float), "time_factor": (int, float),
                "min_time_s": (int, float), "memory_mb": int, "max_file_mb": int},
-    "checks": {"batches": list, "tol": (int, float), "own_kernel": bool},
+    "checks": {"batches": list, "tol": (int, float), "own_kernel": bool, "own_layers": list},
     "accuracy": {"images": int},
     "timing": {"images": int, "warmup": int, "repeat": int},
     "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float),
@@ -30,7 +30,8 @@ SECTIONS = {
     "op_time": {"full_at_ratio": (int, float), "zero_at_ratio": (int, float), "requires_accuracy": bool,
                 "when_not_measured": str},
 }
-OPTIONAL = {("checks", "batches")}  # absent: labkit.check.BATCHES
+OPTIONAL = {("checks", "batches"), ("checks", "own_layers")}  # absent: labkit.check.BATCHES; ["conv"]
+OWN_LAYERS = ("conv", "fc")  # layer kinds a stage may name as its own work (checks.own_layers)
 STAGE_KEYS = {"variants": list, "timed_variant": str}
 NOT_MEASURED = ("exclude", "full", "zero")
 
@@ -95,6 +96,10 @@ def _check_values(where: str, label: str, r: dict) -> None:
     if batches is not None and (not batches or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
                                                         for b in batches)):
         raise RubricError(f"{where} ({label}): checks.batches must be a list of batch sizes >= 1")
+    own = r["checks"].get("own_layers", ["conv"])
+    if not own or not all(kind in OWN_LAYERS for kind in own):
+        raise RubricError(f"{where} ({label}): checks.own_layers must list layer kinds among "
+                          f"{', '.join(OWN_LAYERS)} (the stage's own work), e.g. [\"conv\"]")
     op = r["op_time"]
     if op["when_not_measured"] not in NOT_MEASURED:
         raise RubricError(f"{where} ({label}): op_time.when_not_measured must be one of {', '.join(NOT_MEASURED)}")

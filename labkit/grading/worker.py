@@ -419,12 +419,13 @@ class Job:
         return runs, predictions
 
     def traced(self, v: Variant, tracer: ownership.Tracer) -> Variant:
-        """``v`` with each conv function recorded by ``tracer`` while it runs."""
+        """``v`` with each conv function (each function of the job's ``own_layers`` kinds) recorded by ``tracer``
+        while it runs."""
         impls = dict(v.impls)
         records = self.records
         for net_name in v.nets:
             for layer in kernel_layers(get_net(net_name)):
-                fn = impl_for(v.impls, layer) if layer.kind == "conv" else None
+                fn = impl_for(v.impls, layer) if layer.kind in self.job.own_layers else None
                 if fn is not None:
                     impls[layer.name] = _traced_call(tracer, fn, layer.name, records)
         return replace(v, impls=impls)
@@ -476,7 +477,8 @@ class StudentPhases:
         forbidden = list(ctx.given_log)
         if job.timed in self.student:  # own kernels only: the timed variant's conv functions, scanned now
             try:
-                forbidden += ownership.scan(ownership.conv_roots(self.student[job.timed]), ctx.code, ctx.lib)
+                forbidden += ownership.scan(ownership.conv_roots(self.student[job.timed], tuple(job.own_layers)),
+                                            ctx.code, ctx.lib)
             except Exception as exc:  # noqa: BLE001 - the scan is the grader's: a crash in it is reported
                 ctx.send(P.GraderError(f"the own-kernels scan failed: {type(exc).__name__}: {exc}",
                                        traceback.format_exc(limit=6)))
