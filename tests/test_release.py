@@ -1,4 +1,4 @@
-"""labkit release: a student repository of milestone 05 holds no solution of stages 05-09, anywhere; its given code
+"""labkit release: a student repository of milestone 05 holds no solution of stages 05-10, anywhere; its given code
 loads and a later stage is refused in one line; the leak search can fail."""
 
 import json
@@ -48,10 +48,10 @@ def test_release_holds_the_milestones_notebooks_and_no_solutions(built):
     assert not subprocess.run(["git", "status", "--porcelain"], cwd=out, capture_output=True, text=True).stdout
 
 
-def test_leak_search_of_the_build_finds_nothing_for_05_to_09(built):
+def test_leak_search_of_the_build_finds_nothing_for_05_to_10(built):
     _, result = built
     assert result.clean, result.report()
-    assert sorted(result.secrets.lines) == ["05", "06", "07", "08", "09"]
+    assert sorted(result.secrets.lines) == ["05", "06", "07", "08", "09", "10"]
     assert all(result.secrets.lines[n] for n in result.secrets.lines)  # every stage has lines searched for
     assert result.files == len(release.file_list(built[0]))
 
