@@ -8,6 +8,8 @@ versions and the device's ceilings), a CSV summary, and plots (ladder, per-layer
 
 from __future__ import annotations
 
+import dataclasses
+
 import csv
 import datetime as dt
 import importlib.util
@@ -53,7 +55,7 @@ class BenchError(Exception):
 
 
 def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tuple[int, ...] | None,
-             notebooks: Path) -> list[str] | None:
+             notebooks: Path, random_weights: bool = False) -> list[str] | None:
     """Check what was asked before anything runs: known stages that have a notebook with VARIANTS, known nets,
     image counts that fit in memory, and a device that can run GPU code (a GPU, or the simulator)."""
     from . import nets as nets_mod
@@ -78,8 +80,8 @@ def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tu
     for net in nets or []:
         if net not in nets_mod.NETS:
             raise BenchError(f"--nets: unknown network {net!r}; choose from {', '.join(nets_mod.NETS)}")
-        if net in NOT_SHIPPED and course_weights(net) is None:
-            raise BenchError(f"--nets {net}: {NOT_SHIPPED[net]}")
+        if net in NOT_SHIPPED and course_weights(net) is None and not random_weights:
+            raise BenchError(f"--nets {net}: {NOT_SHIPPED[net]}; or --random-weights to time it on random weights")
     for net in nets or list(nets_mod.NETS):
         for n in images or ():
             try:
@@ -167,12 +169,14 @@ def folder_device(out: Path) -> str | None:
 def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None, images: tuple[int, ...] | None = None,
           notebooks: Path | None = None, out: Path | None = None, repeat: int = 3, limits: Limits = Limits(),
           baselines: bool = True, command: str | None = None, progress: bool = True,
-          skip: list[str] | None = None, append: bool = False) -> list[dict]:
+          skip: list[str] | None = None, append: bool = False, random_weights: bool = False) -> list[dict]:
     """Run the ladder; return one row per (stage, variant, net, images) and write them under ``out``.
 
     ``images``: the image counts of every net (default: each net's own workloads, e.g. 1200 and 50000 for cifar10,
     100, 1000 and 10000 for fashion). ``skip``: shell patterns matched against the variant name and against
-    "NN name"; matches are listed, not run. ``append``: the rows of the bench.json already in ``out`` are kept
+    "NN name"; matches are listed, not run. ``random_weights``: a net whose weights are neither shipped nor found
+    (ece408) runs on seeded random weights of its shapes (``stand_in_weights``), each row's workload saying so.
+    ``append``: the rows of the bench.json already in ``out`` are kept
     (those this run measures again are replaced); ``prepare_out`` checks a folder first.
     """
     from .nets import get_net
@@ -215,7 +219,11 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
         CPU and GPU targets get the same one): at 50000 images the inputs take 600 MB and the reference a minute,
         and its run is both the truth for predictions and the CPU baseline."""
         if (net, n, target) not in picked:
-            wl = workload(net, n, target=target, tile=True, quiet=True)
+            stand_in = stand_in_weights(net) if random_weights else None
+            wl = workload(net, n, target=target, tile=True, quiet=True, weights=stand_in)
+            if stand_in is not None and not wl.simulated:
+                wl = dataclasses.replace(wl, note=f"{wl.note}; RANDOM weights (seed 0: the course's were not "
+                                                  f"found; times hold, accuracy means nothing)")
             key = (wl.net.name, wl.images, wl.note)
             if key not in refs:
                 refs[key] = (wl, run(wl, label=REFERENCE_STAGE, warmup=False, quiet=True))
@@ -275,6 +283,16 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                 bar.update()
     bar.close()
     return Rows(rows, _write(out, rows, command, append=append))
+
+
+def stand_in_weights(net: str) -> dict | None:
+    """Seeded random weights for a net the kit neither ships nor finds weights of (None where it has them): the
+    workload's note says so, as every row and the summary repeat it."""
+    from .weights_io import random_weights
+
+    if net not in NOT_SHIPPED or course_weights(net) is not None:
+        return None
+    return random_weights(net, seed=0)
 
 
 class Rows(list):

@@ -170,8 +170,11 @@ def _csv_list(value: str | None) -> list[str] | None:
 @click.option("--skip", default=None, help="Variant names to leave out, comma-separated (shell patterns, e.g. "
               "'cpu_prange_reduction' or '02 cpu_*'); they are listed as skipped.")
 @click.option("--no-baselines", is_flag=True, help="Skip the numpy reference and cuDNN rows.")
+@click.option("--random-weights", is_flag=True, help="A net whose weights the kit does not ship and cannot find "
+              "(ece408) runs on seeded random weights of the same shapes, and each of its rows says so: its times "
+              "hold, its accuracy means nothing (predictions are still compared with the reference's).")
 def bench(stages, nets, images, notebooks, out, force, append, repeat, budget, per_image_max, cpu_max, slow_max_gflop,
-          skip, no_baselines):
+          skip, no_baselines, random_weights):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
     from . import bench as bench_mod
     from .stages import solutions_folder
@@ -179,12 +182,12 @@ def bench(stages, nets, images, notebooks, out, force, append, repeat, budget, p
     counts = _image_counts(images)
     folder = notebooks or solutions_folder()
     try:
-        chosen = bench_mod.validate(_csv_list(stages), _csv_list(nets), counts, folder)
+        chosen = bench_mod.validate(_csv_list(stages), _csv_list(nets), counts, folder, random_weights)
         out = bench_mod.prepare_out(out, force=force, append=append)
         rows = bench_mod.bench(chosen, _csv_list(nets), counts, folder, out, repeat,
                                bench_mod.Limits(per_image_max, cpu_max, slow_gflop=slow_max_gflop, budget_s=budget),
                                baselines=not no_baselines,
-                               skip=_csv_list(skip), append=append)
+                               skip=_csv_list(skip), append=append, random_weights=random_weights)
     except bench_mod.BenchError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(bench_mod.table(rows))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from labkit import bench, bench_whole, benchdoc, device, gpu
+from labkit import bench, bench_whole, benchdoc, device, gpu, weights_io
 
 KERNELS = '''
 import numpy as np
@@ -159,3 +159,17 @@ def test_a_whole_call_that_fails_keeps_the_per_layer_row(monkeypatch):
     got = bench._whole_call(None, None, 1, None)
     assert got == {"whole_call_error": "RuntimeError: capture failed: a launch on the legacy default stream"}
     gpu.synchronize()
+
+
+def test_a_net_without_weights_is_refused_unless_random_weights_stand_in(monkeypatch):
+    """ece408's weights are not shipped: without them the bench refuses in one line naming --random-weights; with
+    the flag the net gets seeded random weights of its shapes, and a shipped net keeps its own."""
+    monkeypatch.setattr(bench, "course_weights", lambda net: None)
+    with pytest.raises(bench.BenchError, match="--random-weights"):
+        bench.validate(None, ["ece408"], None, bench.stages.solutions_folder())
+    assert bench.validate(None, ["ece408"], None, bench.stages.solutions_folder(), random_weights=True) is None
+    stand_in = bench.stand_in_weights("ece408")
+    assert stand_in and all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in stand_in.values())
+    assert {k: v.shape for k, v in stand_in.items()} == {k: v.shape for k, v in
+                                                         weights_io.random_weights("ece408", seed=1).items()}
+    assert bench.stand_in_weights("cifar10") is None
