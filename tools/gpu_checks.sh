@@ -30,6 +30,6 @@ want stage10 && step stage10 env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cach
   tests/test_streams.py tests/test_bench_whole.py tests/test_split_k.py
 want nb10 && step nb10 "$PY" tools/execute_solutions.py --gpu --out "$OUT/files/notebooks" 10
 want bench && step bench labkit bench --nets cifar10,fashion,ece408 --repeat ${BENCH_REPEAT:-5} --budget ${BENCH_BUDGET:-2} \
-  --per-image-max ${BENCH_PER_IMAGE_MAX:-1200} --skip '02 cpu_prange_reduction' --out "$OUT/files/bench"
+  --per-image-max ${BENCH_PER_IMAGE_MAX:-1200} --skip '02 cpu_prange_reduction' --random-weights --out "$OUT/files/bench"
 want memcheck && step memcheck "$PY" tools/memcheck.py --out "$OUT/files/memcheck" --stages 05 09
 tar czf "$OUT/all.tgz" -C "$OUT" files
