@@ -26,10 +26,10 @@ want notebooks && step notebooks "$PY" -m pytest -q -p no:cacheprovider --nbval-
 want wrong && step wrong "$PY" tests/wrong_submissions.py --table --no-selfcheck --json "$OUT/files/wrong_gpu.json" \
   --kinds ${WRONG_KINDS:-cuda_c_wrong_source untimed_layer memo_content timed_only_library pad_border_nan}
 want probe && [ -f tools/whole_job_probe.py ] && step probe "$PY" tools/whole_job_probe.py --out "$OUT/files/probe"
-want stage10 && step stage10 env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -p no:xdist -rs \
-  tests/test_streams.py tests/test_bench_whole.py tests/test_split_k.py
+want stage10 && step stage10 env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs \
+  tests/test_streams.py tests/test_bench_whole.py tests/test_split_k.py $(ls tests/test_gemm.py 2>/dev/null)
 want nb10 && step nb10 "$PY" tools/execute_solutions.py --gpu --out "$OUT/files/notebooks" 10
-want bench && step bench labkit bench --nets cifar10,fashion,ece408 --repeat ${BENCH_REPEAT:-5} --budget ${BENCH_BUDGET:-2} \
+want bench && step bench labkit bench ${BENCH_STAGES:+--stages $BENCH_STAGES} --nets cifar10,fashion,ece408 --repeat ${BENCH_REPEAT:-5} --budget ${BENCH_BUDGET:-2} \
   --per-image-max ${BENCH_PER_IMAGE_MAX:-1200} --skip '02 cpu_prange_reduction' --random-weights --out "$OUT/files/bench"
 want memcheck && step memcheck "$PY" tools/memcheck.py --out "$OUT/files/memcheck" --stages 05 09
 tar czf "$OUT/all.tgz" -C "$OUT" files
