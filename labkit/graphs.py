@@ -13,6 +13,9 @@ its device inputs hold at replay time.
 
 On numba's CUDA simulator (and on a GPU without cupy) there is no graph: ``Graph.captured`` is False and
 ``replay()`` calls ``fn`` again on the lane, which gives the same results.
+
+``check_replay(make_call, variant, wl)`` is stage 10's one-line check of a graph-replaying call: the predictions of
+``make_call(variant, wl, lane)()`` against the engine's on every image of the workload.
 """
 
 from __future__ import annotations
@@ -102,3 +105,38 @@ def _why(exc: BaseException) -> str:
         hint = (": a launch or copy outside the lane (the legacy default stream: a numba launch not through "
                 "lk.gpu, a cuda.to_device without stream), a synchronization or an allocation inside the capture?")
     return f"capture failed: {type(exc).__name__}: {text[:200]}{hint}"
+
+
+def check_replay(make_call, variant, wl, lane: streams.Lane | None = None):
+    """Check a call that replays a graph: ``make_call(variant, wl, lane)`` returns a no-argument ``call()`` giving
+    the class probabilities of ``wl``'s images on the host (images x classes). PASS when ``lk.predict(call())``
+    equals the predictions of the engine's own call (``engine.forward`` on ``engine.prepare(wl...)``) on every
+    image. A raise is one FAIL line worded as every self-check words it (``labkit.check.describe_failure``: a TODO
+    stub is "not implemented yet"). Returns the ``CheckResult``; the notebook prints it."""
+    import numpy as np
+
+    from . import engine, gpu, reference
+    from .check import CheckResult, describe_failure
+
+    name, fn_name = "graph replay", getattr(make_call, "__name__", "make_call")
+    shape = (wl.images, *wl.net.shapes()[wl.net.layers[-1].name])
+    try:
+        got = make_call(variant, wl, lane if lane is not None else streams.lanes(1)[0])()
+    except Exception as exc:  # noqa: BLE001 - the student's code: said in one line
+        gpu.synchronize()
+        return CheckResult(name, False, detail=describe_failure(exc, fn_name))
+    if not isinstance(got, np.ndarray) or got.shape != shape:
+        what = f"an array of shape {got.shape}" if isinstance(got, np.ndarray) else f"a {type(got).__name__}"
+        return CheckResult(name, False, detail=f"call() returned {what}; expected the probabilities on the host, "
+                                               f"{shape[0]} x {shape[1]} (images x classes)")
+    bad = np.flatnonzero(~np.isfinite(got).all(axis=1))
+    if bad.size:
+        return CheckResult(name, False, detail=f"{bad.size} of {wl.images} images' probabilities are not finite, "
+                                               f"first image {bad[0]}: never copied back, or read before the lane "
+                                               f"was synchronized?")
+    want = reference.predict(engine.forward(wl.net, variant, engine.prepare(wl.net, variant, wl.x, wl.weights)))
+    differ = np.flatnonzero(reference.predict(got) != want)
+    if differ.size:
+        return CheckResult(name, False, detail=f"{differ.size} of {wl.images} predictions differ from the engine's, "
+                                               f"first at image {differ[0]}")
+    return CheckResult(name, True, note="its predictions equal the engine's on every image")
