@@ -143,15 +143,18 @@ def kernel(tiles: Tiles, store: str = "planes", registers: int = 0):
             cuda.syncthreads()
         for i in range(TM):
             img = img0 + down + i * DOWN
+            if img >= N:
+                break  # the rows of a thread only grow
             for j in range(TN):
                 feature = out0 + across + j * ACROSS
-                if img < N and feature < OUT:
-                    if PLANES:
-                        dst[split, img, feature] = sums[i, j]
-                    elif ATOMIC:
-                        cuda.atomic.add(dst, (0, img, feature), sums[i, j])
-                    else:
-                        dst[0, img, feature] = sums[i, j] + b[feature]
+                if feature >= OUT:
+                    break
+                if PLANES:
+                    dst[split, img, feature] = sums[i, j]
+                elif ATOMIC:
+                    cuda.atomic.add(dst, (0, img, feature), sums[i, j])
+                else:
+                    dst[0, img, feature] = sums[i, j] + b[feature]
 
     return fc_register_tiles
 

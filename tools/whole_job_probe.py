@@ -13,7 +13,11 @@ One process, four sections, each reported as it finishes and kept in ``OUT/whole
    streams from pinned memory.
 
 ``--quick`` runs every correctness path on numba's CUDA simulator at toy sizes (shrunk nets, a few images) and
-skips, one line each, what needs cupy or PyTorch. The prototypes live here until stage 10 takes them.
+skips, one line each, what needs cupy or PyTorch. Stage 10 took the prototypes into the kit, and the probe runs the
+kit's: the fc's register tiles and split-K (``labkit.gemm``, its three stores), lanes (``lk.streams``), graphs
+(``lk.graphs``), the engine's forward pass left on the device, the whole job's steps (``lk.whole.Job``) and
+cuDNN's whole call (``labkit.cudnn.whole_call``). Its own are the measurements, the pipeline loop over Job's steps
+(stage 10's task, which the kit does not hold) and the engine's captures as it was before the lanes.
 
     OUT=/some/folder python3 tools/whole_job_probe.py --out "$OUT"
     python3 tools/whole_job_probe.py --quick --out /tmp/probe
@@ -28,8 +32,6 @@ import statistics
 import sys
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,172 +41,51 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import labkit as lk  # noqa: E402  (sets up numba: the simulator when there is no GPU)
-from labkit import cudnn, device, engine, gpu, kernels, layers, nbcells, reference, upload, weights_io  # noqa: E402
+from labkit import (cudnn, device, engine, gemm, gpu, graphs, kernels, nbcells, reference, streams,  # noqa: E402
+                    weights_io, whole)
 
-from numba import cuda, float32  # noqa: E402
+from numba import cuda  # noqa: E402
 
 SOLUTION_09 = REPO / "solutions" / "09_per_layer_tuning.ipynb"
 MAX_REL_ERROR = 1e-4
-#: unsigned indices in the fc tiles' loops: numba then leaves out its negative-index wraparound, which took a third
-#: of the registers (ptxas, sm_90: 166 -> 128 for the 8 x 10 tile, 160 -> 88 for 4 x 10, no spills)
-U = np.uint64
 
 
 # ----------------------------------------------------------------------------------------------- fc prototypes
 
-def make_fc_gemm(BM: int, BN: int, TM: int, TN: int, BK: int = 16, mode: str = "store", regs: int = 0):
-    """out = x @ w.T + b as a register-tiled GEMM: a block computes BM images x BN features over the K range of its
-    grid z (split-K), stages BK-wide slices of both operands in shared memory, and each thread keeps TM x TN sums,
-    multiplying TM inputs by TN weights read once per step into registers (the given kernel reads shared memory per
-    multiply-add). ``mode``: "store" (one split, bias added), "atomic" (sums added into an output holding the bias),
-    "partial" (each split's sums into its own plane, ``sum_splits`` adds them up). ``regs``: a register cap per
-    thread (numba's ``max_registers``; 0: none), so that two blocks of 256 threads fit on an SM."""
-    if mode not in ("store", "atomic", "partial"):
-        raise ValueError(f"mode must be store, atomic or partial, not {mode!r}")
-    if BM % TM or BN % TN:
-        raise ValueError(f"tile {BM}x{BN} is not a whole number of {TM}x{TN} thread tiles")
-    TX, TY = BN // TN, BM // TM  # threads along features, along images
-    NT = TX * TY
-    if NT % BK:
-        raise ValueError(f"{NT} threads do not load whole rows of {BK} inputs")
-    RSTEP = NT // BK  # rows of a slice the block loads per pass: each thread one input column, fixed per thread
-    XPASS, WPASS = -(-BM // RSTEP), -(-BN // RSTEP)  # constant trip counts: unrolled, no division per element
-    XC, WC = BM + 1, BN + 1  # padded rows: the transposing stores miss no bank
-    ATOMIC, PARTIAL = mode == "atomic", mode == "partial"
-    jit = cuda.jit(max_registers=regs) if regs and not lk.simulator.active() else cuda.jit  # the simulator: no cap
+def _prototype(p: gemm.Plan, store: str, regs: int, name: str):
+    """An fc layer function launching ``labkit.gemm``'s kernel by plan ``p`` with ``store``; ``regs`` caps the
+    registers a thread (0: none)."""
 
-    @jit
-    def fc_gemm(x, w, b, dst, kchunk):
-        N, IN = x.shape
-        OUT = w.shape[0]
-        xs = cuda.shared.array((BK, XC), float32)  # [k][image]
-        ws = cuda.shared.array((BK, WC), float32)  # [k][feature]
-        acc = cuda.local.array((TM, TN), float32)
-        xv = cuda.local.array(TM, float32)
-        wv = cuda.local.array(TN, float32)
-        t = cuda.threadIdx.x
-        tx, ty = t % TX, t // TX
-        lc, lr = t % BK, t // BK  # the input column this thread loads, its first row
-        n0, o0, z = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN, cuda.blockIdx.z
-        kbeg = z * kchunk
-        kend = min(IN, kbeg + kchunk)
-        for i in range(TM):
-            for j in range(TN):
-                acc[i, j] = float32(0.0)
-        for k0 in range(kbeg, kend, BK):
-            k = k0 + lc
-            for q in range(XPASS):
-                r = lr + q * RSTEP
-                if r < BM:
-                    xs[U(lc), U(r)] = x[U(n0 + r), U(k)] if n0 + r < N and k < kend else float32(0.0)
-            for q in range(WPASS):
-                r = lr + q * RSTEP
-                if r < BN:
-                    ws[U(lc), U(r)] = w[U(o0 + r), U(k)] if o0 + r < OUT and k < kend else float32(0.0)
-            cuda.syncthreads()
-            for kk in range(BK):
-                for i in range(TM):
-                    xv[i] = xs[U(kk), U(ty + i * TY)]
-                for j in range(TN):
-                    wv[j] = ws[U(kk), U(tx + j * TX)]
-                for i in range(TM):
-                    for j in range(TN):
-                        acc[i, j] += xv[i] * wv[j]
-            cuda.syncthreads()
-        for i in range(TM):
-            n = n0 + ty + i * TY
-            for j in range(TN):
-                o = o0 + tx + j * TX
-                if n < N and o < OUT:
-                    if ATOMIC:
-                        cuda.atomic.add(dst, (0, n, o), acc[i, j])
-                    elif PARTIAL:
-                        dst[z, n, o] = acc[i, j]
-                    else:
-                        dst[0, n, o] = acc[i, j] + b[o]
+    def fc(x, w, b, out):
+        gemm.launch(p, x, w, b, out, store=store, registers=regs)
 
-    fc_gemm.tile = (BM, BN, NT, BK)
-    return fc_gemm
+    fc.__name__ = name
+    return fc
 
 
-@cuda.jit
-def fill_bias(b, out):
-    t = cuda.grid(1)
-    if t < out.size:
-        out[t // b.size, t % b.size] = b[t % b.size]
-
-
-@cuda.jit
-def sum_splits(part, b, out):
-    S, N, OUT = part.shape
-    t = cuda.grid(1)
-    if t < N * OUT:
-        n, o = t // OUT, t % OUT
-        s = b[o]
-        for z in range(S):
-            s += part[z, n, o]
-        out[n, o] = s
-
-
-_GEMMS: dict = {}
-
-
-def _gemm(BM, BN, TM, TN, BK, mode, regs=0):
-    key = (BM, BN, TM, TN, BK, mode, regs)
-    if key not in _GEMMS:
-        _GEMMS[key] = make_fc_gemm(*key)
-    return _GEMMS[key]
-
-
-def k_chunk(inputs: int, splits: int, bk: int) -> int:
-    """Inputs per split, a whole number of BK steps (the last split takes what is left, maybe nothing)."""
-    per = -(-inputs // splits)
-    return -(-per // bk) * bk
-
-
-def _launch_gemm(kernel, x, w, b, dst, splits: int):
-    BM, BN, NT, BK = kernel.tile
-    N, IN = x.shape
-    grid = (gpu.blocks(N, BM), gpu.blocks(w.shape[0], BN), splits)
-    gpu.launch_grid(kernel, grid, NT, x, w, b, dst, k_chunk(IN, splits, BK))
+def _regs(regs: int) -> str:
+    return f", regs {regs}" if regs else ""
 
 
 def fc_tiles(BM, BN, TM, TN, BK=16, regs=0):
-    """(b) Bigger register tiles, one launch: more multiply-adds per shared-memory read than the given 4 x 4."""
-    kernel = _gemm(BM, BN, TM, TN, BK, "store", regs)
-
-    def fc(x, w, b, out):
-        _launch_gemm(kernel, x, w, b, out.reshape(1, *out.shape), 1)
-
-    fc.__name__ = f"tiles {BM}x{BN} ({TM}x{TN}, BK {BK}{f', regs {regs}' if regs else ''})"
-    return fc
+    """(b) Bigger register tiles, one launch (gemm's "bias" store): more multiply-adds per shared-memory read than
+    the given 4 x 4."""
+    return _prototype(gemm.Plan(gemm.Tiles(BM, BN, TM, TN, BK)), "bias", regs,
+                      f"tiles {BM}x{BN} ({TM}x{TN}, BK {BK}{_regs(regs)})")
 
 
 def fc_split_atomic(BM, BN, TM, TN, splits, BK=16):
-    """(c) split-K with atomics: few tiles (79 at 10000 images) become ``splits`` times as many blocks, each adding
-    its share of the inputs into an output pre-filled with the bias."""
-    kernel = _gemm(BM, BN, TM, TN, BK, "atomic")
-
-    def fc(x, w, b, out):
-        gpu.launch(fill_bias, out.size, b, out)
-        _launch_gemm(kernel, x, w, b, out.reshape(1, *out.shape), splits)
-
-    fc.__name__ = f"split-K {splits} atomic, tiles {BM}x{BN} ({TM}x{TN}, BK {BK})"
-    return fc
+    """(c) split-K with atomics (gemm's "atomic" store): few tiles (79 at 10000 images) become ``splits`` times as
+    many blocks, each adding its share of the inputs into an output pre-filled with the bias."""
+    return _prototype(gemm.Plan(gemm.Tiles(BM, BN, TM, TN, BK), splits), "atomic", 0,
+                      f"split-K {splits} atomic, tiles {BM}x{BN} ({TM}x{TN}, BK {BK})")
 
 
 def fc_split_reduce(BM, BN, TM, TN, splits, BK=16, regs=0):
-    """(c) split-K with partial sums: each split writes its own plane, a second small kernel adds the planes and
-    the bias (no atomics, the same order every run)."""
-    kernel = _gemm(BM, BN, TM, TN, BK, "partial", regs)
-
-    def fc(x, w, b, out):
-        part = gpu.buffer("probe fc split-K parts", (splits, *out.shape))
-        _launch_gemm(kernel, x, w, b, part, splits)
-        gpu.launch(sum_splits, out.size, part, b, out)
-
-    fc.__name__ = f"split-K {splits} reduce, tiles {BM}x{BN} ({TM}x{TN}, BK {BK}{f', regs {regs}' if regs else ''})"
-    return fc
+    """(c) split-K with partial sums (gemm's "planes" store, the kit's fc_tiles): each split writes its own plane,
+    a second small kernel adds the planes and the bias (no atomics, the same order every run)."""
+    return _prototype(gemm.Plan(gemm.Tiles(BM, BN, TM, TN, BK), splits), "planes", regs,
+                      f"split-K {splits} reduce, tiles {BM}x{BN} ({TM}x{TN}, BK {BK}{_regs(regs)})")
 
 
 def fc_prototypes(features: int, quick: bool) -> list:
@@ -213,10 +94,10 @@ def fc_prototypes(features: int, quick: bool) -> list:
     if quick:  # simulator: a handful of threads per block, the same code paths (ragged tiles, uneven K splits;
         # 6 x 12 tiles of 8 threads load 4 rows of 2 inputs per pass: the second pass runs 2 rows past the tile)
         tile = (8, 10, 2, 5, 8)
-        return [kernels.fc, fc_tiles(*tile), fc_split_atomic(*tile[:4], 3, BK=8),
+        return [kernels.fc, gemm.fc_tiles, fc_tiles(*tile), fc_split_atomic(*tile[:4], 3, BK=8),
                 fc_split_reduce(*tile[:4], 3, BK=8), fc_split_reduce(*tile[:4], 7, BK=8),
                 fc_tiles(6, 12, 3, 3, 2), fc_split_atomic(6, 12, 3, 3, 4, BK=2)]
-    protos = [kernels.fc]
+    protos = [kernels.fc, gemm.fc_tiles]  # the kit's layer: its plan for the shape
     tiles = []  # (BM, BN, TM, TN, BK)
     if features % 10 == 0:  # one tile of all features: 16 x 10 threads' columns for 160, 14 x 10 for 140
         tiles += [(128, features, 8, 10, 16), (64, features, 4, 10, 16)]
@@ -304,7 +185,7 @@ class Report:
         self.say(f"CHECK FAILED: {what}")
 
 
-# ----------------------------------------------------------------------------------------------- streams
+# ----------------------------------------------------------------------------------------------- devices
 
 def has_cupy() -> bool:
     return device.info().kind == "gpu" and bool(device.info().cupy)
@@ -312,75 +193,6 @@ def has_cupy() -> bool:
 
 def has_torch() -> bool:
     return cudnn.available()
-
-
-@dataclass
-class Lane:
-    """One stream for both libraries: cupy launches (stage 09's CUDA C convs) and numba launches (the kit's layers,
-    copies) queue on it in order. On the simulator a numba stream alone (CUDA C runs on the CPU emulation, in
-    call order)."""
-
-    cupy: object
-    numba: object
-
-    @contextmanager
-    def launching(self):
-        """Every launch inside goes to this stream: cupy's through its current stream, numba's by handing the
-        stream to ``lk.gpu.launch_grid`` (the engine passes none today; this is what gpu.py would need)."""
-        plain = gpu.launch_grid
-
-        def on_stream(kernel, grid, block, *args, shared_bytes: int = 0):
-            return kernel[grid, block, self.numba, shared_bytes](*args)
-
-        gpu.launch_grid = on_stream
-        try:
-            with self.cupy if self.cupy is not None else nullcontext():
-                yield
-        finally:
-            gpu.launch_grid = plain
-
-    def synchronize(self) -> None:
-        self.numba.synchronize()
-
-
-def make_lanes(count: int) -> list[Lane]:
-    if has_cupy():
-        import cupy
-
-        lanes = []
-        for _ in range(count):
-            s = cupy.cuda.Stream(non_blocking=False)  # blocking: events on the default stream bracket its work
-            lanes.append(Lane(s, cuda.external_stream(s.ptr)))
-        return lanes
-    return [Lane(None, cuda.stream()) for _ in range(count)]
-
-
-def forward_on(lane: Lane, net, variant, x, weights: dict, tag: str):
-    """The engine's walk over the layers (fused groups, flatten as a reshape) into pooled buffers, every launch on
-    ``lane``, no download: the shape of forward a CUDA graph can capture and streams can overlap."""
-    y = x
-    with lane.launching():
-        for group in layers.groups(list(net.layers), variant.fuse):
-            layer = group[0]
-            if layer.kind == "flatten":
-                y = y.reshape(y.shape[0], int(np.prod(y.shape[1:])))
-                continue
-            fn = layers.impl_for(variant.impls, layer)
-            out = gpu.buffer(f"probe {tag} {group[-1].name}", layers.group_output_shape(group, y.shape, weights))
-            fn(*(layers.fused_args(group, y, weights, out) if len(group) > 1 else layers.args(layer, y, weights, out)))
-            y = out
-    return y
-
-
-@cuda.jit
-def argmax_rows(p, classes):
-    n = cuda.grid(1)
-    if n < p.shape[0]:
-        best, k = p[n, 0], 0
-        for j in range(1, p.shape[1]):
-            if p[n, j] > best:  # strict: the first of equal maxima, as numpy's argmax
-                best, k = p[n, j], j
-        classes[n] = k
 
 
 # ----------------------------------------------------------------------------------------------- workloads
@@ -407,31 +219,16 @@ def reference_predictions(wl) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------- 1. whole call
 
-def cudnn_whole_call(wl, repeat: int) -> tuple[list[float], np.ndarray]:
-    """cuDNN through PyTorch (fp32, TF32 off) on the same weights and inputs, timed as the kit's call is: the same
-    events around every layer and the download of the class probabilities."""
-    import torch
-
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
-    dev = torch.device("cuda")
-    weights = {k: torch.from_numpy(v).to(dev) for k, v in wl.weights.items()}
-    fns = [cudnn._layer_fn(layer, weights) for layer in wl.net.layers]
-    x = torch.from_numpy(np.ascontiguousarray(wl.x)).to(dev)
+def engine_call(wl, v):
+    """The engine's whole call of variant ``v`` on ``wl`` (prepared once here): (prepared, call, got), where each
+    call leaves its class probabilities (on the host) in ``got["probs"]``."""
+    prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
     got = {}
 
     def call():
-        y = x
-        for fn in fns:
-            y = fn(y)
-        got["probs"] = y.cpu().numpy()
+        got["probs"] = engine.forward(wl.net, v, prepared)
 
-    with torch.inference_mode():
-        seconds = time_calls(call, repeat, warmup=3)
-    del x, weights
-    torch.cuda.empty_cache()
-    return seconds, reference.predict(got["probs"])
+    return prepared, call, got
 
 
 def whole_call(rep: Report, variants: dict, cases, repeat: int, reference_max: int) -> None:
@@ -440,12 +237,7 @@ def whole_call(rep: Report, variants: dict, cases, repeat: int, reference_max: i
         wl, note = workload_for(net, images)
         v = variants[name]
         rep.say(f"whole call: {wl.net.name} {wl.images} images, 09 {name} ({wl.note}{'; ' + note if note else ''})")
-        prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
-        got = {}
-
-        def call():
-            got["probs"] = engine.forward(wl.net, v, prepared)
-
+        prepared, call, got = engine_call(wl, v)
         kit = summary(time_calls(call, repeat, warmup=2))
         kit_pred = reference.predict(got["probs"])
         _, passes = engine.time_passes(wl.net, v, prepared, repeat, warmup=False)
@@ -457,7 +249,7 @@ def whole_call(rep: Report, variants: dict, cases, repeat: int, reference_max: i
         rep.say(f"  kit   whole call {ms(kit)}; per-layer sum {row['kit_per_layer_sum_ms']:.3f} ms: "
                 + ", ".join(f"{layer} {t:.3f}" for layer, t in per_layer.items()))
         if has_torch():
-            seconds, cudnn_pred = cudnn_whole_call(wl, repeat)
+            seconds, cudnn_pred = cudnn.whole_call(wl, repeat, warmup=3)
             row["cudnn_whole_call"] = summary(seconds)
             report, _ = cudnn.time_forward(wl, repeat=repeat)
             row["cudnn_per_layer_ms"] = {k: 1e3 * s for k, s in report.layer_seconds.items()}
@@ -531,8 +323,11 @@ def fc_section(rep: Report, quick: bool, repeat: int) -> None:
         want = x.astype(np.float64) @ w.astype(np.float64).T + b
         xd, wd, bd = cuda.to_device(x), cuda.to_device(w), cuda.to_device(b)
         out = cuda.device_array((images, w.shape[0]), np.float32)
-        for fn in fc_prototypes(w.shape[0], quick) if (quick or w.shape[0] > kernels.FC_WARP_MAX) else [kernels.fc]:
-            label = "given lk.kernels.fc" if fn is kernels.fc else fn.__name__
+        kit = f"kit lk.gemm.fc_tiles ({gemm.plan(images, w.shape[1], w.shape[0])})"
+        protos = fc_prototypes(w.shape[0], quick) if quick or w.shape[0] > kernels.FC_WARP_MAX else \
+            [kernels.fc, gemm.fc_tiles]
+        for fn in protos:
+            label = {kernels.fc: "given lk.kernels.fc", gemm.fc_tiles: kit}.get(fn, getattr(fn, "__name__", ""))
             row = {"layer": name, "images": images, "prototype": label}
             rows.append(row)
             try:  # one prototype that fails to compile or launch must not hide the others
@@ -563,59 +358,27 @@ def fc_section(rep: Report, quick: bool, repeat: int) -> None:
 
 # ----------------------------------------------------------------------------------------------- 3. launch overhead
 
-ENGINE_NEEDS = ("a current stream in lk.gpu (launch_grid handing it to numba as cuda.external_stream, launch_raw "
-                "launching under the matching cupy stream), the download out of engine.forward (or an asynchronous "
-                "copy into pinned memory on that stream), and every buffer allocated before the capture (the pool "
-                "does after one warm call)")
-
-
-def capture(lane: Lane, fn):
-    """``fn``'s launches and copies recorded once on the lane's stream into a CUDA graph (cupy): a replay is one
-    launch for the whole forward."""
-    import cupy
-
-    mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
-    try:
-        lane.cupy.begin_capture(mode)  # relaxed: nothing else in the process is capturing
-    except TypeError:  # a cupy whose begin_capture takes no mode
-        lane.cupy.begin_capture()
-    try:
-        with cuda.defer_cleanup():  # no numba frees while capturing
-            fn()
-    except BaseException:
-        try:
-            lane.cupy.end_capture()
-        except Exception:  # noqa: BLE001 - the capture is broken already; the first error is the one to see
-            pass
-        raise
-    return lane.cupy.end_capture()
-
-
 def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: str, repeat: int) -> None:
     wl, note = workload_for(net, images)
     v = variants[name]
     rep.say(f"launch overhead: {wl.net.name} {wl.images} images, 09 {name} ({wl.note}{'; ' + note if note else ''})")
-    prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
-    got = {}
-
-    def engine_call():
-        got["engine"] = engine.forward(wl.net, v, prepared)
-
+    prepared, call, got = engine_call(wl, v)
     out = rep.data["launch_overhead"] = {"net": wl.net.name, "images": wl.images, "variant": f"09 {name}"}
-    out["engine_whole_call"] = summary(time_calls(engine_call, repeat, warmup=2))
-    ref = reference.predict(got["engine"])
+    out["engine_whole_call"] = summary(time_calls(call, repeat, warmup=2))
+    ref = reference.predict(got["probs"])
     rep.say(f"  engine as is (numba launches on the default stream, download in the call) "
             f"{ms(out['engine_whole_call'])}")
 
-    lane = make_lanes(1)[0]
-    probs_host = cuda.pinned_array((wl.images, *wl.net.shapes()[wl.net.layers[-1].name]), np.float32)
+    lane = streams.lanes(1)[0]
+    probs_host = streams.pinned((wl.images, *wl.net.shapes()[wl.net.layers[-1].name]), np.float32)
 
-    def stream_call():  # launches and the download on one stream, then one wait
-        probs = forward_on(lane, wl.net, v, prepared.x, prepared.weights, "graph")
-        probs.copy_to_host(probs_host, stream=lane.numba)
+    def stream_call():  # launches and the download on the lane (inside it), left in flight
+        probs = engine.forward(wl.net, v, prepared, download=False, tag="probe graph")
+        return gpu.to_host(probs, out=probs_host)
 
     def stream_whole_call():
-        stream_call()
+        with lane:
+            stream_call()
         lane.synchronize()
 
     out["stream_whole_call"] = summary(time_calls(stream_whole_call, repeat, warmup=2))
@@ -627,11 +390,11 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
     if not has_cupy():
         rep.say("  CUDA graph: skipped (needs cupy on a GPU)")
         return
+    graph = graphs.capture(stream_call, lane)
     probs_host[:] = np.nan
-    graph = capture(lane, stream_call)
 
     def graph_whole_call():
-        graph.launch(lane.cupy)
+        graph.replay()
         lane.synchronize()
 
     out["graph_whole_call"] = summary(time_calls(graph_whole_call, repeat, warmup=2))
@@ -641,8 +404,6 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
             f"engine's: {out['graph_differing']}, probabilities left unwritten: {out['graph_unwritten']}")
     if out["graph_differing"] or out["graph_unwritten"]:
         rep.fail("launch overhead: the graph replay's predictions differ from the engine's")
-    out["engine_would_need"] = ENGINE_NEEDS
-    rep.say(f"  what the engine would need for a graph: {ENGINE_NEEDS}")
 
 
 #: both libraries' default stream per thread: numba (through CUDA Python's binding) and cupy launch on
@@ -660,15 +421,10 @@ def ptds_child(net: str, images: int, name: str, repeat: int) -> dict:
     out = {"cupy_current_stream": int(cupy.cuda.get_current_stream().ptr), "numba_stream": int(ptds.handle)}
     wl, _ = workload_for(net, images)
     v = load_variants()[name]
-    prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
-    got = {}
-
-    def engine_call():
-        got["engine"] = engine.forward(wl.net, v, prepared)
-
-    out["engine_whole_call"] = summary(time_calls(engine_call, repeat, warmup=2))
-    want = reference.predict(got["engine"])
-    probs_host = cuda.pinned_array(got["engine"].shape, np.float32)
+    prepared, call, got = engine_call(wl, v)
+    out["engine_whole_call"] = summary(time_calls(call, repeat, warmup=2))
+    want = reference.predict(got["probs"])
+    probs_host = cuda.pinned_array(got["probs"].shape, np.float32)
     cuda.synchronize()
     rt.streamBeginCapture(int(ptds.handle), getattr(rt, "streamCaptureModeRelaxed", 2))
     try:
@@ -734,8 +490,9 @@ def _ptds_child_main(job: str) -> int:
 
 
 def engine_capture_attempt(rep: Report, variants: dict, net: str, images: int, name: str) -> None:
-    """Capture the engine's own walk as it is on a cupy stream: its numba launches go to the legacy default stream,
-    which a capture on a blocking stream cannot take. Run last: a failed capture may leave the context unusable."""
+    """Capture the engine's walk as it was before the lanes: cupy's launches on the capturing stream, numba's on
+    the legacy default stream (a lane whose numba side is that stream), which a capture on a blocking stream cannot
+    take. Run last: a failed capture may leave the context unusable."""
     if not has_cupy():
         rep.say("engine captured as is: skipped (needs cupy on a GPU)")
         return
@@ -743,17 +500,12 @@ def engine_capture_attempt(rep: Report, variants: dict, net: str, images: int, n
     v = variants[name]
     prepared = engine.prepare(wl.net, v, wl.x, wl.weights)
     engine.forward(wl.net, v, prepared)  # warm: compiled, buffers pooled
-    lane = make_lanes(1)[0]
+    as_is = streams.Lane(cuda.default_stream(), streams.lanes(1)[0].cupy)
     result = {}
-
-    def engine_walk():  # the engine's own walk, cupy's launches on the capturing stream, numba's where they go
-        with lane.cupy:
-            engine._layers(wl.net, v, prepared.x, prepared.weights, engine._NoClock(), False)
-
     try:
-        graph = capture(lane, engine_walk)
-        graph.launch(lane.cupy)
-        lane.cupy.synchronize()
+        graph = graphs.capture(lambda: engine.forward(wl.net, v, prepared, download=False, tag="probe as is"), as_is)
+        graph.replay()
+        as_is.cupy.synchronize()
         result["captured"] = True
         rep.say("engine captured as is: the capture succeeded (check whether the numba launches ran outside it)")
     except Exception as exc:  # noqa: BLE001 - the expected outcome, recorded
@@ -769,35 +521,15 @@ def engine_capture_attempt(rep: Report, variants: dict, net: str, images: int, n
 
 # ----------------------------------------------------------------------------------------------- 4. end to end
 
-def classify_serial(net, variant, weights, raw: np.ndarray, lut) -> np.ndarray:
-    """The kit's end-to-end path today (labkit.upload's bytes path): every byte up from pageable memory into a
-    pooled buffer, normalised on the device, the engine's forward with its probabilities download, argmax on the
-    host."""
-    rd = gpu.buffer("probe serial bytes", (raw.size,), np.uint8)
-    gpu.to_device(raw.reshape(-1), to=rd)
-    x = gpu.buffer("probe serial input", raw.shape)
-    gpu.launch(upload.bytes_to_input, raw.size, rd, lut, gpu.flat(x))
-    return reference.predict(engine.forward(net, variant, engine.Prepared(x, weights)))
-
-
-def classify_streamed(net, variant, weights, raw_pinned: np.ndarray, classes_pinned: np.ndarray, lut,
-                      chunk: int, lanes: list[Lane]) -> None:
-    """Host bytes (pinned) to host classes (pinned) in chunks over several streams: chunk k + 1's upload overlaps
-    chunk k's layers; each lane has its own buffers, so chunks on different lanes never share one."""
-    per_image = int(np.prod(raw_pinned.shape[1:]))
-    for k, start in enumerate(range(0, raw_pinned.shape[0], chunk)):
-        i = k % len(lanes)
-        lane, n = lanes[i], min(chunk, raw_pinned.shape[0] - start)
-        rd = gpu.buffer(f"probe lane{i} bytes", (n * per_image,), np.uint8)
-        x = gpu.buffer(f"probe lane{i} input", (n, *raw_pinned.shape[1:]))
-        classes = gpu.buffer(f"probe lane{i} classes", (n,), np.int32)
-        rd.copy_to_device(raw_pinned[start:start + n].reshape(-1), stream=lane.numba)
-        with lane.launching():
-            gpu.launch(upload.bytes_to_input, n * per_image, rd, lut, gpu.flat(x))
-        probs = forward_on(lane, net, variant, x, weights, f"lane{i}")
-        with lane.launching():
-            gpu.launch(argmax_rows, n, probs, classes)
-        classes.copy_to_host(classes_pinned[start:start + n], stream=lane.numba)
+def classify_streamed(job: whole.Job, raw_pinned: np.ndarray, classes_pinned: np.ndarray, chunk: int,
+                      lanes: list) -> None:
+    """Host bytes (pinned) to host classes (pinned) in chunks over several lanes, each chunk's steps (upload,
+    classes, download) on its lane: chunk k + 1's upload overlaps chunk k's layers; each lane has its own
+    buffers. Then every lane synchronized."""
+    bounds = list(range(0, raw_pinned.shape[0], chunk)) + [raw_pinned.shape[0]]
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        lane = lanes[k % len(lanes)]
+        job.download(lane, job.classes(lane, job.upload(lane, raw_pinned[a:b]), b - a), classes_pinned[a:b])
     for lane in lanes:
         lane.synchronize()
 
@@ -808,14 +540,13 @@ def end_to_end(rep: Report, variants: dict, images: int, name: str, configs, rep
     raw = np.random.default_rng(50000).integers(0, 256, (images, *net.input_shape), dtype=np.uint8)
     rep.say(f"end to end: {images} random CIFAR-shaped images ({raw.nbytes / 1e6:.1f} MB of uint8) -> classes, "
             f"09 {name}, normalised on the device as lk.data.to_input does (byte/255 - 0.5)")
-    weights = engine.prepare(net, v, wl.x[:1], wl.weights).weights
-    lut = cuda.to_device(lk.data._CIFAR_LUT)
+    job = whole.Job(net, v, wl.weights)
     out = rep.data["end_to_end"] = {"images": images, "uint8_bytes": int(raw.nbytes), "variant": f"09 {name}",
                                     "net": net.name}
     got = {}
 
     def serial():
-        got["serial"] = classify_serial(net, v, weights, raw, lut)
+        got["serial"] = job.serial(raw)
 
     out["serial"] = summary(time_calls(serial, repeat, warmup=1))
     truth = got["serial"]
@@ -823,25 +554,25 @@ def end_to_end(rep: Report, variants: dict, images: int, name: str, configs, rep
         if images <= 2000 else None  # the reference on the host: the toy sizes only (the GPU run has section 1's)
     if want is not None and not np.array_equal(truth, want):
         rep.fail("end to end: the serial path's classes differ from the numpy reference's")
-    rep.say(f"  serial (pageable upload, forward, probabilities down, argmax on the host) {ms(out['serial'])}")
-    raw_pinned = cuda.pinned_array(raw.shape, np.uint8)
+    rep.say(f"  serial (Job.serial: pageable upload, forward, classes on the device, int32 down) {ms(out['serial'])}")
+    raw_pinned = streams.pinned(raw.shape, np.uint8)
     raw_pinned[:] = raw
-    classes_pinned = cuda.pinned_array((images,), np.int32)
+    classes_pinned = streams.pinned((images,), np.int32)
     out["streamed"] = []
-    for chunk, streams in configs:
-        lanes = make_lanes(streams)
+    for chunk, count in configs:
+        lanes = job.lanes(count)
         classes_pinned[:] = -1
 
         def streamed():
-            classify_streamed(net, v, weights, raw_pinned, classes_pinned, lut, chunk, lanes)
+            classify_streamed(job, raw_pinned, classes_pinned, chunk, lanes)
 
         s = summary(time_calls(streamed, repeat, warmup=1))
         differing = int(np.count_nonzero(classes_pinned != truth))
-        out["streamed"].append({"chunk": chunk, "streams": streams, "time": s, "differing_from_serial": differing})
-        rep.say(f"  pinned, chunks of {chunk} over {streams} stream(s) {ms(s)}; classes differing from the "
+        out["streamed"].append({"chunk": chunk, "streams": count, "time": s, "differing_from_serial": differing})
+        rep.say(f"  pinned, chunks of {chunk} over {count} stream(s) {ms(s)}; classes differing from the "
                 f"serial path's: {differing} of {images}")
         if differing:
-            rep.fail(f"end to end: chunks of {chunk} over {streams} streams give other classes than the serial path")
+            rep.fail(f"end to end: chunks of {chunk} over {count} streams give other classes than the serial path")
         gpu.release_buffers()
 
 
