@@ -8,7 +8,7 @@ from . import runtime
 
 runtime.apply()  # thread and warning settings, before anything imports numba's thread pool
 
-from . import (ceilings, check, counts, data, device, engine, gemm, gpu, graphs, kernels, layers, ledger,  # noqa: E402
+from . import (ceilings, check, counts, data, device, engine, gemm, gemm_cuda, gpu, graphs, kernels, layers, ledger,  # noqa: E402
                measured, nbcells, nets, notebook, plots, profile, reference, report, simcheck, simulator, stages,
                streams, timing, tune, weights_io, whole, workloads)
 from .check import CheckResult, check_layer, check_network, check_variant  # noqa: E402
