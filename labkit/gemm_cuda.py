@@ -192,7 +192,8 @@ __global__ void fc_cuda_sum(const float* __restrict__ part, const float* __restr
 class Config:
     """A family of tiles: ``down`` threads along the images (``bm = tm * down``), ``bk`` inputs a step, at most
     ``max_across`` threads along the outputs (``bn = tn * across``, ``across`` picked from the layer's outputs).
-    ``tm`` and ``tn`` are multiples of 4 (float4 reads of the shared rows)."""
+    ``tm`` and ``tn`` are multiples of 4 (float4 reads of the shared rows). ``registers``: a thread's budget, which
+    sets the blocks a multiprocessor must hold (``Plan.min_blocks``, ``__launch_bounds__``)."""
 
     name: str
     down: int
@@ -200,6 +201,7 @@ class Config:
     max_across: int
     tm: int = 8
     tn: int = 8
+    registers: int = 128
 
     def __post_init__(self):
         if self.tm % 4 or self.tn % 4 or min(self.tm, self.tn, self.down, self.max_across) < 1:
@@ -210,10 +212,12 @@ class Config:
 
 
 #: the configurations a GPU run compares (``tools/fc_gemm_timing.py``): 128 images a block with 8 or 16 inputs a
-#: step, and 64 images by up to 256 outputs (fashion's fc1: 64 x 160 tiles, one across the outputs)
+#: step, and 64 images by up to 256 outputs (fashion's fc1: 64 x 160 tiles, one across the outputs). ptxas (NVRTC
+#: 12.9, sm_90) for fc1's tiles of 160 threads: k8 and wide fit 128 registers without a spill, three blocks a
+#: multiprocessor; k16's four rounds of x loads in flight spill at 128 (196 bytes), so it gets 168 and two blocks
 CONFIGS = {
     "k8": Config("k8", down=16, bk=8, max_across=16),
-    "k16": Config("k16", down=16, bk=16, max_across=16),
+    "k16": Config("k16", down=16, bk=16, max_across=16, registers=168),
     "wide": Config("wide", down=8, bk=16, max_across=32),
 }
 DEFAULT = "k8"
@@ -243,9 +247,10 @@ class Plan:
 
     @property
     def min_blocks(self) -> int:
-        """Blocks a multiprocessor should hold (``__launch_bounds__``): as many as 128 registers a thread allow."""
+        """Blocks a multiprocessor should hold (``__launch_bounds__``): as many as the configuration's registers a
+        thread allow, at most ``MOST_BLOCKS`` (narrow tiles: more would cap a thread's registers below its sums)."""
         warps = -(-self.threads // 32)
-        return max(1, min(REGISTERS // (warps * 32 * 128), 2048 // (warps * 32)))
+        return max(1, min(REGISTERS // (warps * 32 * self.config.registers), 2048 // (warps * 32), MOST_BLOCKS))
 
     def span(self, inputs: int) -> int:
         """Inputs per split: a whole number of steps (so of float4 slots); the last split takes what is left."""
@@ -271,6 +276,8 @@ class Plan:
 
 #: registers of a multiprocessor (every GPU since sm_50)
 REGISTERS = 65536
+#: the most blocks ``__launch_bounds__`` asks a multiprocessor to hold
+MOST_BLOCKS = 8
 #: an H100's multiprocessors, where no GPU can be asked (the CPU emulation; a plan for a named GPU)
 H100_SMS = 132
 #: the cost model's fp32 rate of a multiprocessor (128 FMA a cycle at 1.75 GHz, at 70 per cent) and the memory's
