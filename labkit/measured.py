@@ -115,9 +115,34 @@ def ratio(res: Results, a: str, b: str, net: str, images: int) -> float | None:
     return None
 
 
+def whole_calls(res: Results, net: str, images: int) -> dict[str, tuple[float, str]]:
+    """The whole forward call as a caller waits for it (``labkit bench``'s whole-call column, in the folder's
+    ``bench.json`` files): label -> (median seconds, how it was timed), for the runs on one workload that have it."""
+    found: dict[str, tuple[float, str]] = {}
+    for path in sorted(res.folder.glob("**/bench.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for row in data.get("rows", []) if isinstance(data, dict) else data:
+            if row.get("net") == net and row.get("images") == images and row.get("whole_call_s"):
+                found[row["stage"]] = (float(row["whole_call_s"]), str(row.get("whole_call_how", "")))
+    return found
+
+
+def _whole_call_lines(res: Results, runs: list[RunReport], net: str, images: int) -> list[str]:
+    calls = whole_calls(res, net, images)
+    shown = [(r.stage, *calls[r.stage]) for r in runs if r.stage in calls]
+    if not shown:
+        return []
+    width = max(len(label) for label, *_ in shown)
+    return ["whole call (CUDA events around the whole forward call, the output's download included):"] + [
+        f"  {label:<{width}} {1e3 * seconds:9.3f} ms  ({how})" for label, seconds, how in shown]
+
+
 def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RESULTS) -> Results | None:
     """Print what the kit measured for ``stage`` on a real GPU: per workload, the stage's runs beside the numpy
-    reference and the libraries, and the ratios asked for in ``compare`` ((run a, run b) labels: "a takes x times
+    reference and the libraries (with their whole-call times where the bench recorded them), and the ratios asked for in ``compare`` ((run a, run b) labels: "a takes x times
     b's time"). Says so when nothing is committed yet."""
     res = latest(stage, root)
     if res is None:
@@ -130,6 +155,8 @@ def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RES
         runs = res.runs(stage, net, images) + res.baselines(net, images)
         print()
         print(table(runs, next((r for r in runs if r.stage == REFERENCE_LABEL), None)))
+        for line in _whole_call_lines(res, runs, net, images):
+            print(line)
     for a, b in compare:
         found = [(net, images, ratio(res, a, b, net, images)) for net, images in workloads]
         found = [f"{x:.2f}x at {images} {net} images" for net, images, x in found if x is not None]

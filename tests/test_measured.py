@@ -44,3 +44,19 @@ def test_two_folders_of_one_day_are_ordered_by_their_time(tmp_path):
     _folder(tmp_path, "day-b", "2026-03-01T09:00:00+00:00", [("05 tiled", 0.9)])
     assert [r.where for r in measured.all_results(tmp_path)] == ["day-a", "day-b"]
     assert "`day-a/` (stages 05)" in measured.readme_block(tmp_path)
+
+
+def test_show_prints_the_whole_call_beside_the_runs_that_have_one(tmp_path, capsys):
+    """A folder's bench.json whole-call column is shown under its workload's table, only for the runs it has, with
+    how each was timed; a run without one gets no line."""
+    _folder(tmp_path, "run", "2026-04-01", [("10 whole", 0.002), ("10 plain", 0.003), ("numpy reference", 1.0)])
+    rows = [{"stage": "10 whole", "net": "cifar10", "images": CIFAR10.default_images, "whole_call_s": 0.00123,
+             "whole_call_how": "CUDA graph replay + output download"},
+            {"stage": "10 whole", "net": "cifar10", "images": 50000, "whole_call_s": 0.5}]  # another workload
+    (tmp_path / "run" / "bench.json").write_text(json.dumps({"rows": rows}))
+    measured.show("10", root=tmp_path)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("  10 ")]
+    assert len(lines) == 1 and "1.230 ms" in lines[0] and "(CUDA graph replay + output download)" in lines[0]
+    assert "10 plain" not in "".join(lines) and "500.000 ms" not in out
+    assert "whole call (CUDA events around the whole forward call" in out
