@@ -36,20 +36,7 @@ def fc(args, h):
 IMPLS = {"conv": on_device(conv), "relu": on_device(unary(lk.relu)), "pool": on_device(pool),
          "fc": on_device(fc), "softmax": on_device(unary(lk.softmax))}
 
-def pipeline(job, raw, classes, chunk, count):
-    lanes = job.lanes(count)
-    for k, start in enumerate(range(0, raw.shape[0], chunk)):
-        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
-        c = job.classes(lane, job.upload(lane, raw[start:start + n]), n)
-        job.download(lane, c, classes[start:start + n])
-    for lane in lanes:
-        lane.synchronize()
-
-def no_sync(job, raw, classes, chunk, count):
-    lanes = job.lanes(count)
-    for k, start in enumerate(range(0, raw.shape[0], chunk)):
-        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
-        job.download(lane, job.classes(lane, job.upload(lane, raw[start:start + n]), n), classes[start:start + n])
+from pipelines import forgets_to_synchronize as no_sync, pipeline  # tests/pipelines.py
 
 VARIANTS = {
     "plain": lk.Variant(IMPLS, arrays="device", nets=("cifar10",)),

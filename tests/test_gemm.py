@@ -10,17 +10,14 @@ import pytest
 import labkit as lk
 from labkit import check, gemm, gpu, simulator
 
+import fc_cases  # noqa: E402  (tests/ is on the path, as for buggy_kernels)
+
 #: (images, inputs, outputs): one of each; K a multiple of nothing; outputs 10, 160, 500 and odd; images odd, one,
 #: and more than one image tile
 SHAPES = [(1, 1, 1), (3, 37, 10), (35, 37, 160), (19, 50, 13), (2, 33, 500), (17, 129, 7)]
 
 
-def _layer(N, K, OUT, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, K)).astype(np.float32)
-    w = rng.standard_normal((OUT, K)).astype(np.float32)
-    b = rng.standard_normal(OUT).astype(np.float32)
-    return x, w, b, x.astype(np.float64) @ w.T.astype(np.float64) + b
+_layer = fc_cases.layer
 
 
 def _run(fn, x, w, b):

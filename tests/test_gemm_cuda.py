@@ -10,6 +10,8 @@ import pytest
 import labkit as lk
 from labkit import check, gemm_cuda, gpu, stages
 
+import fc_cases  # noqa: E402  (tests/ is on the path, as for buggy_kernels)
+
 pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=stages.unavailable(("cuda_c",)) or "")
 
 #: 16 x 16 tiles of 4 threads: the emulation's small shapes cross several tiles along the images and the outputs
@@ -21,12 +23,7 @@ CONFIGS = [*gemm_cuda.CONFIGS.values(), TINY]
 SHAPES = [(1, 1, 1), (3, 37, 10), (35, 40, 160), (19, 52, 13), (130, 44, 140), (2, 9, 7)]
 
 
-def _layer(N, K, OUT, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, K)).astype(np.float32)
-    w = rng.standard_normal((OUT, K)).astype(np.float32)
-    b = rng.standard_normal(OUT).astype(np.float32)
-    return x, w, b, x.astype(np.float64) @ w.T.astype(np.float64) + b
+_layer = fc_cases.layer
 
 
 def _device(a, offset=0):

@@ -9,6 +9,7 @@ import labkit as lk
 from labkit import device, engine, gpu, graphs, simulator, streams, whole
 
 from buggy_kernels import device_conv  # noqa: E402  (after labkit, which sets up numba)
+from pipelines import forgets_the_last_chunk, forgets_to_synchronize, mixes_lanes, pipeline  # noqa: E402
 
 SIM = device.info().simulated
 needs_sim = pytest.mark.skipif(not SIM, reason="the simulator's own behaviour (no streams, no graphs)")
@@ -305,46 +306,7 @@ def test_job_lanes_are_kept_and_have_their_own_buffers(job, net):
         lane.synchronize()
 
 
-# a pipeline as stage 10 asks for, and the mistakes check_pipeline must catch (the kit itself has no such loop)
-
-
-def pipeline(job, raw, classes, chunk, count):
-    lanes = job.lanes(count)
-    for k, start in enumerate(range(0, raw.shape[0], chunk)):
-        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
-        b = job.upload(lane, raw[start:start + n])
-        c = job.classes(lane, b, n)
-        job.download(lane, c, classes[start:start + n])
-    for lane in lanes:
-        lane.synchronize()
-
-
-def forgets_the_last_chunk(job, raw, classes, chunk, count):
-    lanes = job.lanes(count)
-    for k in range(raw.shape[0] // chunk):  # whole chunks only
-        start, lane = k * chunk, lanes[k % count]
-        c = job.classes(lane, job.upload(lane, raw[start:start + chunk]), chunk)
-        job.download(lane, c, classes[start:start + chunk])
-    for lane in lanes:
-        lane.synchronize()
-
-
-def forgets_to_synchronize(job, raw, classes, chunk, count):
-    lanes = job.lanes(count)
-    for k, start in enumerate(range(0, raw.shape[0], chunk)):
-        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
-        job.download(lane, job.classes(lane, job.upload(lane, raw[start:start + n]), n), classes[start:start + n])
-
-
-def mixes_lanes(job, raw, classes, chunk, count):
-    lanes = job.lanes(count)
-    for k, start in enumerate(range(0, raw.shape[0], chunk)):
-        n = min(chunk, raw.shape[0] - start)
-        b = job.upload(lanes[k % count], raw[start:start + n])
-        c = job.classes(lanes[(k + 1) % count], b, n)  # another lane's bytes, no synchronization between
-        job.download(lanes[(k + 1) % count], c, classes[start:start + n])
-    for lane in lanes:
-        lane.synchronize()
+# a pipeline as stage 10 asks for, and the mistakes check_pipeline must catch: tests/pipelines.py
 
 
 def test_check_pipeline_passes_a_right_pipeline(job):

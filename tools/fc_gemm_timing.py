@@ -46,16 +46,6 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
-def time_calls(fn, repeat: int, warmup: int) -> list[float]:
-    """Seconds of each of ``repeat`` calls after ``warmup`` (``lk.Timer``: CUDA events on a GPU)."""
-    for _ in range(warmup):
-        fn()
-    seconds = []
-    for _ in range(repeat):
-        with lk.Timer() as t:
-            fn()
-        seconds.append(t.seconds)
-    return seconds
 
 
 def summary(seconds: list[float], flop: float) -> dict:
@@ -84,7 +74,7 @@ def torch_linear(x, w, b, repeat: int, warmup: int):
     def call():
         got["y"] = F.linear(xt, wt, bt)
 
-    seconds = time_calls(call, repeat, warmup)
+    seconds = lk.measure(call, warmup=warmup, repeat=repeat).times
     y = got["y"].cpu().numpy()
     del xt, wt, bt, got
     torch.cuda.empty_cache()
@@ -117,7 +107,7 @@ def run(quick: bool, repeat: int, warmup: int, say=print) -> tuple[list[dict], l
                     say(f"  {label:<78} CHECK FAILED: relative error {err:.2e} (at most {MAX_REL_ERROR:g})")
                     continue
                 if not quick:
-                    row["time"] = summary(time_calls(lambda: fn(xd, wd, bd, out), repeat, warmup), flop)
+                    row["time"] = summary(lk.measure(fn, xd, wd, bd, out, warmup=warmup, repeat=repeat).times, flop)
             except Exception as exc:  # noqa: BLE001 - one failing kernel must not hide the others
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 failures.append(f"{name} {N} {label}: {row['error']}")

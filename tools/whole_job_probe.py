@@ -144,17 +144,6 @@ def check_fc(fn, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> float:
 
 # ----------------------------------------------------------------------------------------------- timing, report
 
-def time_calls(fn, repeat: int, warmup: int = 2) -> list[float]:
-    """Seconds of each of ``repeat`` calls after ``warmup`` (CUDA events on the default stream around the whole
-    call on a GPU, ``perf_counter`` elsewhere: ``lk.Timer``)."""
-    for _ in range(warmup):
-        fn()
-    seconds = []
-    for _ in range(repeat):
-        with lk.Timer() as t:
-            fn()
-        seconds.append(t.seconds)
-    return seconds
 
 
 def summary(seconds: list[float]) -> dict:
@@ -238,7 +227,7 @@ def whole_call(rep: Report, variants: dict, cases, repeat: int, reference_max: i
         v = variants[name]
         rep.say(f"whole call: {wl.net.name} {wl.images} images, 09 {name} ({wl.note}{'; ' + note if note else ''})")
         prepared, call, got = engine_call(wl, v)
-        kit = summary(time_calls(call, repeat, warmup=2))
+        kit = summary(lk.measure(call, warmup=2, repeat=repeat).times)
         kit_pred = reference.predict(got["probs"])
         _, passes = engine.time_passes(wl.net, v, prepared, repeat, warmup=False)
         per_layer = {k: 1e3 * s for k, s in engine.median_seconds(passes).items()}
@@ -306,7 +295,7 @@ def torch_linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, repeat: int) -> tu
     def call():
         got["y"] = F.linear(xt, wt, bt)
 
-    seconds = time_calls(call, repeat, warmup=3)
+    seconds = lk.measure(call, warmup=3, repeat=repeat).times
     y = got["y"].cpu().numpy()
     del xt, wt, bt, got
     torch.cuda.empty_cache()
@@ -335,7 +324,7 @@ def fc_section(rep: Report, quick: bool, repeat: int) -> None:
                 if err >= MAX_REL_ERROR:
                     rep.fail(f"fc {name} {label}: relative error {err:.2e} (want < {MAX_REL_ERROR:g})")
                     continue
-                s = row["time"] = summary(time_calls(lambda: fn(xd, wd, bd, out), repeat))
+                s = row["time"] = summary(lk.measure(fn, xd, wd, bd, out, warmup=2, repeat=repeat).times)
             except Exception as exc:  # noqa: BLE001 - recorded and shown
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 rep.fail(f"fc {name} {label}: {row['error']}")
@@ -364,7 +353,7 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
     rep.say(f"launch overhead: {wl.net.name} {wl.images} images, 09 {name} ({wl.note}{'; ' + note if note else ''})")
     prepared, call, got = engine_call(wl, v)
     out = rep.data["launch_overhead"] = {"net": wl.net.name, "images": wl.images, "variant": f"09 {name}"}
-    out["engine_whole_call"] = summary(time_calls(call, repeat, warmup=2))
+    out["engine_whole_call"] = summary(lk.measure(call, warmup=2, repeat=repeat).times)
     ref = reference.predict(got["probs"])
     rep.say(f"  engine as is (numba launches on the default stream, download in the call) "
             f"{ms(out['engine_whole_call'])}")
@@ -381,7 +370,7 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
             stream_call()
         lane.synchronize()
 
-    out["stream_whole_call"] = summary(time_calls(stream_whole_call, repeat, warmup=2))
+    out["stream_whole_call"] = summary(lk.measure(stream_whole_call, warmup=2, repeat=repeat).times)
     out["stream_differing"] = int(np.count_nonzero(reference.predict(probs_host) != ref))
     rep.say(f"  one explicit stream, pinned download {ms(out['stream_whole_call'])}; predictions differing from "
             f"the engine's: {out['stream_differing']}")
@@ -397,7 +386,7 @@ def launch_overhead(rep: Report, variants: dict, net: str, images: int, name: st
         graph.replay()
         lane.synchronize()
 
-    out["graph_whole_call"] = summary(time_calls(graph_whole_call, repeat, warmup=2))
+    out["graph_whole_call"] = summary(lk.measure(graph_whole_call, warmup=2, repeat=repeat).times)
     out["graph_differing"] = int(np.count_nonzero(reference.predict(probs_host) != ref))
     out["graph_unwritten"] = int(np.count_nonzero(np.isnan(probs_host)))
     rep.say(f"  captured CUDA graph, replayed {ms(out['graph_whole_call'])}; predictions differing from the "
@@ -422,7 +411,7 @@ def ptds_child(net: str, images: int, name: str, repeat: int) -> dict:
     wl, _ = workload_for(net, images)
     v = load_variants()[name]
     prepared, call, got = engine_call(wl, v)
-    out["engine_whole_call"] = summary(time_calls(call, repeat, warmup=2))
+    out["engine_whole_call"] = summary(lk.measure(call, warmup=2, repeat=repeat).times)
     want = reference.predict(got["probs"])
     probs_host = cuda.pinned_array(got["probs"].shape, np.float32)
     cuda.synchronize()
@@ -439,7 +428,7 @@ def ptds_child(net: str, images: int, name: str, repeat: int) -> dict:
         rt.graphLaunch(exe, int(ptds.handle))
         ptds.synchronize()
 
-    out["graph_whole_call"] = summary(time_calls(replay, repeat, warmup=2))
+    out["graph_whole_call"] = summary(lk.measure(replay, warmup=2, repeat=repeat).times)
     out["graph_differing"] = int(np.count_nonzero(reference.predict(probs_host) != want))
     return out
 
@@ -548,7 +537,7 @@ def end_to_end(rep: Report, variants: dict, images: int, name: str, configs, rep
     def serial():
         got["serial"] = job.serial(raw)
 
-    out["serial"] = summary(time_calls(serial, repeat, warmup=1))
+    out["serial"] = summary(lk.measure(serial, warmup=1, repeat=repeat).times)
     truth = got["serial"]
     want = reference.predict(reference.forward(net, wl.weights, lk.data.to_input("cifar10", raw))) \
         if images <= 2000 else None  # the reference on the host: the toy sizes only (the GPU run has section 1's)
@@ -566,7 +555,7 @@ def end_to_end(rep: Report, variants: dict, images: int, name: str, configs, rep
         def streamed():
             classify_streamed(job, raw_pinned, classes_pinned, chunk, lanes)
 
-        s = summary(time_calls(streamed, repeat, warmup=1))
+        s = summary(lk.measure(streamed, warmup=1, repeat=repeat).times)
         differing = int(np.count_nonzero(classes_pinned != truth))
         out["streamed"].append({"chunk": chunk, "streams": count, "time": s, "differing_from_serial": differing})
         rep.say(f"  pinned, chunks of {chunk} over {count} stream(s) {ms(s)}; classes differing from the "

@@ -1,0 +1,42 @@
+"""Pipelines as stage 10's task 3 asks for (host bytes to host classes over lanes), and the usual mistakes
+``lk.whole.check_pipeline`` and the bench's end-to-end rows must catch. The kit itself has no such loop (releases
+must not hold the solution), so the tests that need one take it from here."""
+
+
+def pipeline(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
+        b = job.upload(lane, raw[start:start + n])
+        c = job.classes(lane, b, n)
+        job.download(lane, c, classes[start:start + n])
+    for lane in lanes:
+        lane.synchronize()
+
+
+def forgets_the_last_chunk(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k in range(raw.shape[0] // chunk):  # whole chunks only
+        start, lane = k * chunk, lanes[k % count]
+        c = job.classes(lane, job.upload(lane, raw[start:start + chunk]), chunk)
+        job.download(lane, c, classes[start:start + chunk])
+    for lane in lanes:
+        lane.synchronize()
+
+
+def forgets_to_synchronize(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
+        job.download(lane, job.classes(lane, job.upload(lane, raw[start:start + n]), n), classes[start:start + n])
+
+
+def mixes_lanes(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        n = min(chunk, raw.shape[0] - start)
+        b = job.upload(lanes[k % count], raw[start:start + n])
+        c = job.classes(lanes[(k + 1) % count], b, n)  # another lane's bytes, no synchronization between
+        job.download(lanes[(k + 1) % count], c, classes[start:start + n])
+    for lane in lanes:
+        lane.synchronize()
