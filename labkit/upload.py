@@ -36,29 +36,30 @@ def stored_bytes(images: int) -> np.ndarray:
 
 
 def end_to_end(variant: Variant, images: int = 50000, repeat: int = 5) -> dict:
-    """Median seconds (``Clock("auto")``: CUDA events on a GPU) of upload + forward + download of the class probabilities, from float32 input
-    prepared on the CPU and from the stored bytes converted on the GPU (the same values: ``data.to_input``'s table
-    of byte/255 - 0.5), with the range and the bytes each path uploads; both paths' predictions must agree."""
+    """Median seconds (``Clock("auto")``: CUDA events on a GPU) of upload + forward + download, from float32 input
+    prepared on the CPU (the class probabilities come back) and from the stored bytes converted on the GPU
+    (``whole.Job.serial``: the classes come back; the same values: ``data.to_input``'s table of byte/255 - 0.5),
+    with the range and the bytes each path uploads; both paths' predictions must agree."""
+    from .whole import Job  # the whole job's one bytes-to-classes path (labkit.whole imports this module)
+
     net = get_net("cifar10")
     raw = stored_bytes(images)
     x = data.to_input(net, raw)
-    weights = engine.prepare(net, variant, x[:1], load_weights(net)).weights
-    lut = cuda.to_device(data._CIFAR_LUT)
-    flat = cuda.device_array(raw.size, np.float32)
+    host_weights = load_weights(net)
+    weights = engine.prepare(net, variant, x[:1], host_weights).weights
+    job = Job(net, variant, host_weights)
 
     def from_float():
-        return engine.forward(net, variant, engine.Prepared(gpu.to_device(x, name="input"), weights))
+        return reference.predict(engine.forward(net, variant, engine.Prepared(gpu.to_device(x, name="input"),
+                                                                              weights)))
 
     def from_bytes():
-        rd = gpu.to_device(raw.reshape(-1), name="input bytes")
-        gpu.launch(bytes_to_input, raw.size, rd, lut, flat)
-        return engine.forward(net, variant, engine.Prepared(flat.reshape(x.shape), weights))
+        return job.serial(raw)
 
     out = {"images": images, "float32_bytes": int(x.nbytes), "uint8_bytes": int(raw.nbytes)}
     preds = {}
     for name, fn in (("float32", from_float), ("uint8", from_bytes)):
-        probs = fn()  # warm-up: compiles, allocates the engine's buffers
-        preds[name] = reference.predict(probs)
+        preds[name] = fn()  # warm-up: compiles, allocates the engine's buffers
         seconds = []
         for _ in range(repeat):
             clock = Clock("auto")  # CUDA events on a GPU
