@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import bench_whole, ceilings, cudnn, device, reference, stages
+from . import bench_whole, ceilings, cudnn, device, gpu, reference, stages
 from .check import check_variant
 from .engine import run
 from .ledger import Ledger, repo_root
@@ -260,7 +260,9 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                     ref_pred = ref_run.predictions
                     times = (limits.cpu_repeat if variant.target == "cpu" else
                              limits.per_image_repeat if variant.per_image else repeat)
+                    managed_before = gpu.MANAGED.handed
                     r = run(wl, variant, label=label, quiet=True, repeat=times, budget_s=limits.budget_s)
+                    managed = gpu.MANAGED.handed > managed_before  # its functions took lk.gpu.managed_buffer
                     rep, preds = r.report, r.predictions
                     ledger.record(rep, command=command)
                     ref_acc = None if wl.labels is None else reference.accuracy(ref_pred, wl.labels)
@@ -268,7 +270,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                                predictions_equal=bool(np.array_equal(preds, ref_pred)),
                                simulated=rep.simulated, workload=wl.note)
                     if variant.target == "gpu":
-                        row.update(_whole_call(wl, variant, times, limits.budget_s))
+                        row.update(_whole_call(wl, variant, times, limits.budget_s, rep, managed))
                 except Exception as exc:  # noqa: BLE001 - one broken variant must not stop the ladder
                     row["error"] = f"{type(exc).__name__}: {exc}"
                     row["traceback"] = traceback.format_exc(limit=4)
@@ -303,11 +305,16 @@ class Rows(list):
         self.folder = folder
 
 
-def _whole_call(wl, variant, repeat: int, budget_s: float | None) -> dict:
+def _whole_call(wl, variant, repeat: int, budget_s: float | None, per_layer: RunReport | None = None,
+                managed: bool = False) -> dict:
     """The whole call's columns (``bench_whole``) and the fraction of the fp32 floor it reaches; a failure (a
-    graph that cannot be captured, say) is one line in ``whole_call_error``, the per-layer row stays."""
+    graph that cannot be captured, say) is one line in ``whole_call_error``, the per-layer row stays.
+    ``per_layer``: the report of the row's per-layer run just before (same variant, same workload), whose slowest
+    pass tells the whole call whether it needs an untimed call of its own (``bench_whole.own_warmup``); ``managed``:
+    that run took managed buffers."""
+    slowest = None if per_layer is None else max(per_layer.total_range or (per_layer.total,))
     try:
-        out = bench_whole.whole_call(wl, variant, repeat, budget_s)
+        out = bench_whole.whole_call(wl, variant, repeat, budget_s, per_layer_pass_s=slowest, managed=managed)
     except Exception as exc:  # noqa: BLE001 - recorded in the row
         return {"whole_call_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     return {**out, **bench_whole.floor(wl.net, wl.images, out["whole_call_s"])}

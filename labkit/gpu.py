@@ -429,6 +429,7 @@ class BufferPool:
         self._arrays: dict = {}
         self.held = 0
         self.limit: float | None = None
+        self.handed = 0  # arrays handed out so far: the bench asks whether a variant's run took managed memory
 
     def get(self, role: str, shape, dtype=np.float32):
         """The array for ``role``, ``shape`` and ``dtype``. Inside ``with lane:`` (``lk.streams``) each lane has
@@ -445,6 +446,7 @@ class BufferPool:
             self._arrays[key] = array
         if poisoning():
             poison(array)
+        self.handed += 1
         return array
 
     def _allocate(self, role: str, shape: tuple, dtype: np.dtype):

@@ -12,30 +12,45 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from labkit import bench, bench_whole, benchdoc, device, gpu, weights_io
 
-KERNELS = '''
+FUNCTIONS = '''
 import numpy as np
 import labkit as lk
+
+def put(out, value):
+    if hasattr(out, "copy_to_device"):
+        out.copy_to_device(value)
+    else:
+        out[...] = value
 
 def on_device(compute):
     def fn(*args):
         return compute(args, [lk.gpu.as_host(a) if hasattr(a, "copy_to_host") else a for a in args])
     return fn
 
+def through_managed(compute):
+    def fn(*args):
+        lk.gpu.managed_buffer("test managed page", (1,))  # as stage 03's with_managed takes its buffers
+        return compute(args, list(args))
+    return fn
+
 def conv(args, h):
-    args[3].copy_to_device(lk.conv2d(h[0], h[1], h[2], h[4], h[5]).astype(np.float32))
+    put(args[3], lk.conv2d(h[0], h[1], h[2], h[4], h[5]).astype(np.float32))
 
 def unary(f):
-    return lambda args, h: args[1].copy_to_device(np.ascontiguousarray(f(h[0]), np.float32))
+    return lambda args, h: put(args[1], np.ascontiguousarray(f(h[0]), np.float32))
 
 def pool(args, h):
-    args[1].copy_to_device(lk.maxpool2d(h[0], h[2], h[3]).astype(np.float32))
+    put(args[1], lk.maxpool2d(h[0], h[2], h[3]).astype(np.float32))
 
 def fc(args, h):
-    args[3].copy_to_device(lk.fc(h[0], h[1], h[2]).astype(np.float32))
+    put(args[3], lk.fc(h[0], h[1], h[2]).astype(np.float32))
 
-IMPLS = {"conv": on_device(conv), "relu": on_device(unary(lk.relu)), "pool": on_device(pool),
-         "fc": on_device(fc), "softmax": on_device(unary(lk.softmax))}
+COMPUTE = {"conv": conv, "relu": unary(lk.relu), "pool": pool, "fc": fc, "softmax": unary(lk.softmax)}
+IMPLS = {kind: on_device(f) for kind, f in COMPUTE.items()}
+MANAGED = {kind: through_managed(f) for kind, f in COMPUTE.items()}
+'''
 
+KERNELS = FUNCTIONS + '''
 from pipelines import forgets_to_synchronize as no_sync, pipeline  # tests/pipelines.py
 
 VARIANTS = {
@@ -45,17 +60,31 @@ VARIANTS = {
 }
 '''
 
+#: every row slow (a budget of 0 s): the plain variant's whole call is warmed by its per-layer passes alone, the
+#: graph and the managed variant's get an untimed call of their own all the same
+SLOW_KERNELS = FUNCTIONS + '''
+VARIANTS = {
+    "plain": lk.Variant(IMPLS, arrays="device", nets=("cifar10",)),
+    "graphed": lk.Variant(IMPLS, arrays="device", nets=("cifar10",), graph=True),
+    "managed": lk.Variant(MANAGED, arrays="host", nets=("cifar10",)),
+}
+'''
+
+
+def _notebook(folder, source):
+    folder.mkdir()
+    cell = new_code_cell(source)
+    cell.metadata["tags"] = ["kernel"]
+    nbformat.write(new_notebook(cells=[cell]), folder / "09_per_layer_tuning.ipynb")
+    return folder
+
 
 @pytest.fixture(scope="module")
 def benched(tmp_path_factory):
     if not device.info().simulated:
         pytest.skip("the simulator's bench (on a GPU the rows take the real sizes)")
     root = tmp_path_factory.mktemp("bench_whole")
-    books = root / "notebooks"
-    books.mkdir()
-    cell = new_code_cell(KERNELS)
-    cell.metadata["tags"] = ["kernel"]
-    nbformat.write(new_notebook(cells=[cell]), books / "09_per_layer_tuning.ipynb")
+    books = _notebook(root / "notebooks", KERNELS)
     out = root / "out"
     rows = bench.bench(None, ["cifar10"], (2,), books, out, repeat=2, command="pytest bench whole", progress=False)
     return rows, out
@@ -160,3 +189,75 @@ def test_a_net_without_weights_is_refused_unless_random_weights_stand_in(monkeyp
     assert {k: v.shape for k, v in stand_in.items()} == {k: v.shape for k, v in
                                                          weights_io.random_weights("ece408", seed=1).items()}
     assert bench.stand_in_weights("cifar10") is None
+
+
+def _variants(source):
+    namespace: dict = {}
+    exec(source, namespace)  # the notebook's kernel cell, as lk.stages.load_variants runs it
+    return namespace["VARIANTS"]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """engine.forward wrapped: how many forward calls (the graph's captured function included) were made."""
+    from labkit import engine
+
+    calls = []
+    forward = engine.forward
+
+    def counting(*args, **kw):
+        calls.append(kw.get("tag", "engine"))
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(engine, "forward", counting)
+    return calls
+
+
+@pytest.mark.parametrize("pass_s, budget_s, untimed", [(None, 1.0, 1), (0.5, 1.0, 1), (2.0, None, 1),
+                                                         (1.0, 1.0, 0), (2.0, 1.0, 0)])
+def test_a_slow_rows_whole_call_is_warmed_by_its_per_layer_passes_alone(counted, pass_s, budget_s, untimed):
+    """One untimed call before the timed ones, but where the per-layer run just before had a pass of the row's
+    whole budget or more: then none, and the row's label says why."""
+    from labkit.workloads import workload
+
+    if not device.info().simulated:
+        pytest.skip("the simulator's layer functions")
+    plain = _variants(SLOW_KERNELS)["plain"]
+    wl = workload("cifar10", 2, target="gpu", quiet=True)
+    got = bench_whole.whole_call(wl, plain, 1, budget_s, per_layer_pass_s=pass_s)
+    assert got["whole_call_runs"] == 1 and len(counted) == untimed + 1
+    assert got["whole_call_how"] == (bench_whole.WHOLE_CALL_ENGINE if untimed else bench_whole.WHOLE_CALL_WARMED)
+
+
+@pytest.mark.parametrize("name", ["graphed", "managed"])
+def test_graph_and_managed_rows_keep_their_untimed_call_when_slow(counted, name):
+    """A graph's capture and first replay, and a first touch of managed pages, are the whole call's own: a slow
+    row makes exactly the calls a fast one makes, labelled as a fast one's."""
+    from labkit.workloads import workload
+
+    if not device.info().simulated:
+        pytest.skip("the simulator's layer functions")
+    variant = _variants(SLOW_KERNELS)[name]
+    wl = workload("cifar10", 2, target="gpu", quiet=True)
+    managed = name == "managed"
+    fast = bench_whole.whole_call(wl, variant, 1, 1.0, per_layer_pass_s=0.1, managed=managed)
+    fast_calls = len(counted)
+    slow = bench_whole.whole_call(wl, variant, 1, 1.0, per_layer_pass_s=5.0, managed=managed)
+    assert len(counted) - fast_calls == fast_calls == (3 if variant.graph else 2)  # (capture,) untimed, timed
+    assert slow["whole_call_how"] == fast["whole_call_how"] != bench_whole.WHOLE_CALL_WARMED
+
+
+def test_the_bench_passes_its_per_layer_pass_and_managed_memory_to_the_whole_call(tmp_path):
+    """With a budget of 0 s every row is slow: the plain variant's whole call makes no untimed call of its own;
+    the graph variant and the one whose functions take lk.gpu.managed_buffer (found by the bench, not declared)
+    keep theirs."""
+    if not device.info().simulated:
+        pytest.skip("the simulator's bench")
+    books = _notebook(tmp_path / "notebooks", SLOW_KERNELS)
+    rows = bench.bench(None, ["cifar10"], (2,), books, tmp_path / "out", repeat=2, limits=bench.Limits(budget_s=0.0),
+                       baselines=False, command="pytest slow rows", progress=False)
+    how = {r["variant"]: r.get("whole_call_how", r.get("error")) for r in rows}
+    assert how["plain"] == bench_whole.WHOLE_CALL_WARMED
+    assert how["managed"] == bench_whole.WHOLE_CALL_ENGINE
+    assert how["graphed"].startswith("simulator: no CUDA graph") and "warmed by" not in how["graphed"]
+    assert all(r["runs"] == 1 and r["whole_call_runs"] == 1 for r in rows)  # the budget stops after one of each
