@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import bench_whole, ceilings, cudnn, device, gpu, reference, stages
+from . import bench_whole, ceilings, cudnn, device, gpu, reference, stages, unfinished
 from .check import check_variant
 from .engine import run
 from .ledger import Ledger, repo_root
@@ -111,8 +111,9 @@ def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
     return paths
 
 
-#: what a bench writes into its folder (``--force`` removes these, and only these, before a run)
-OUTPUT_FILES = ("ledger.jsonl", "bench.json", "bench.csv", "summary.md")
+#: what a bench writes into its folder (``--force`` removes these, and only these, before a run); ``UNFINISHED``
+#: (``labkit.unfinished``) only while it runs, and after it when it did not finish
+OUTPUT_FILES = ("ledger.jsonl", "bench.json", "bench.csv", "summary.md", unfinished.MARKER)
 OUTPUT_PLOTS = ("ladder_*.png", "layers_*.png", "roofline_*.png")
 
 
@@ -177,7 +178,9 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     "NN name"; matches are listed, not run. ``random_weights``: a net whose weights are neither shipped nor found
     (ece408) runs on seeded random weights of its shapes (``stand_in_weights``), each row's workload saying so.
     ``append``: the rows of the bench.json already in ``out`` are kept
-    (those this run measures again are replaced); ``prepare_out`` checks a folder first.
+    (those this run measures again are replaced); ``prepare_out`` checks a folder first. ``out`` holds an
+    ``UNFINISHED`` file (``labkit.unfinished``) from the start until bench.json is written, so a run that is cut
+    off (its ledger holds the rows measured so far) is never read as a finished one.
     """
     from .nets import get_net
 
@@ -189,6 +192,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     ledger = Ledger(out / "ledger.jsonl")
     notebooks = Path(notebooks or stages.solutions_folder())
     command = command or " ".join(["labkit", *sys.argv[1:]])
+    unfinished.mark(out, command)  # until bench.json is written: a run cut off leaves its folder marked
     jobs = []
     for path in _stage_paths(Path(notebooks), stage_numbers):
         try:
@@ -284,7 +288,9 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                 rows += _baselines(net, n, reference_of, ledger, command, repeat)
                 bar.update()
     bar.close()
-    return Rows(rows, _write(out, rows, command, append=append))
+    written = Rows(rows, _write(out, rows, command, append=append))
+    unfinished.clear(out)
+    return written
 
 
 def stand_in_weights(net: str) -> dict | None:

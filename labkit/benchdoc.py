@@ -13,6 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
+from . import unfinished
 from .ledger import repo_root
 from .stages import REFERENCE_LABEL
 
@@ -46,6 +47,9 @@ def load(folder: Path) -> dict:
     path = Path(folder) / "bench.json"
     if not Path(folder).is_dir():
         raise BenchDocError(f"{folder}: no such folder (give the --out folder of a `labkit bench` run)")
+    if (Path(folder) / unfinished.MARKER).is_file():  # an appended run cut off: bench.json is the earlier one's
+        raise BenchDocError(f"{folder}: holds {unfinished.MARKER}: {unfinished.reason(Path(folder))}; run the bench "
+                            f"again (--force) or give a finished run's folder")
     try:
         bench = json.loads(path.read_text())
     except FileNotFoundError:

@@ -3,15 +3,18 @@
 Each folder ``results/<device>-<date>/`` holds the ledgers of one or more ``labkit bench`` calls (``ledger*.jsonl``,
 at its top or in one output folder per call) and may hold a ``meta.json`` with the device, date and commands. Notebooks, the README and docs quote those figures only
 through this module, so every number they show comes from a run that can be named; on a machine without a GPU the
-plots of a stage are drawn from here, labelled with the device and date.
+plots of a stage are drawn from here, labelled with the device and date. A folder holding an ``UNFINISHED`` file
+(``labkit.unfinished``: a bench that was cut off) is left out with everything under it, and named where the
+folders read are listed.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import unfinished
 from .ledger import Ledger, repo_root
 from .report import RunReport
 from .stages import REFERENCE_LABEL, order_key, speedup_baseline
@@ -26,6 +29,7 @@ class Results:
     folder: Path
     meta: dict
     reports: list[RunReport]
+    left_out: list[Path] = field(default_factory=list)  # marked UNFINISHED (at or under ``folder``): not read
 
     @property
     def device(self) -> str:
@@ -43,10 +47,7 @@ class Results:
     @property
     def where(self) -> str:
         """The folder as the repository names it."""
-        try:
-            return self.folder.relative_to(repo_root()).as_posix()
-        except ValueError:
-            return self.folder.name
+        return _where(self.folder)
 
     def runs(self, stage: str | None = None, net: str | None = None, images: int | None = None) -> list[RunReport]:
         """The runs of one stage (labels "NN ..."), or every run, on one net and image count; newest of each
@@ -66,21 +67,39 @@ class Results:
         return [r for r in self.runs(net=net, images=images) if order_key(r.stage)[0] == 1]
 
 
+def finished(folder: Path, pattern: str) -> list[Path]:
+    """The files matching ``pattern`` at or under ``folder`` that no ``UNFINISHED`` marker leaves out."""
+    folder = Path(folder)
+    return [p for p in sorted(folder.glob(f"**/{pattern}")) if unfinished.marked(p.parent, folder) is None]
+
+
 def load(folder: str | Path) -> Results:
     folder = Path(folder)
     meta_path = folder / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    ledgers = [Ledger(path) for path in sorted(folder.glob("**/ledger*.jsonl"))]
+    ledgers = [Ledger(path) for path in finished(folder, "ledger*.jsonl")]
     reports = [rep for ledger in ledgers for rep in ledger.reports()]
     if "date" not in meta:  # the date of the first recorded run
         meta["date"] = next((row["date"] for ledger in ledgers for row in ledger.read()), "?")
-    return Results(folder, meta, [r for r in reports if not r.simulated])
+    return Results(folder, meta, [r for r in reports if not r.simulated], unfinished.under(folder))
 
 
 def all_results(root: Path = RESULTS) -> list[Results]:
-    """Every committed results folder with GPU runs, newest first."""
-    found = [load(p) for p in sorted(root.glob("*/")) if any(p.glob("**/ledger*.jsonl"))]
+    """Every committed results folder with GPU runs of finished benches, newest first."""
+    found = [load(p) for p in sorted(root.glob("*/")) if finished(p, "ledger*.jsonl")]
     return sorted([r for r in found if r.reports], key=lambda r: r.stamp, reverse=True)
+
+
+def left_out(root: Path = RESULTS) -> list[str]:
+    """The folders under ``root`` that an ``UNFINISHED`` marker leaves out, as the repository names them."""
+    return [_where(p) for p in unfinished.under(root) if p != Path(root)]
+
+
+def _where(folder: Path) -> str:
+    try:
+        return folder.relative_to(repo_root()).as_posix()
+    except ValueError:
+        return folder.name
 
 
 def latest(stage: str | None = None, root: Path = RESULTS) -> Results | None:
@@ -119,7 +138,7 @@ def whole_calls(res: Results, net: str, images: int) -> dict[str, tuple[float, s
     """The whole forward call as a caller waits for it (``labkit bench``'s whole-call column, in the folder's
     ``bench.json`` files): label -> (median seconds, how it was timed), for the runs on one workload that have it."""
     found: dict[str, tuple[float, str]] = {}
-    for path in sorted(res.folder.glob("**/bench.json")):
+    for path in finished(res.folder, "bench.json"):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -150,6 +169,8 @@ def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RES
               f"{stage}` on a GPU machine (docs/gpu.md).")
         return None
     print(f"Measured by the kit: {res.device}, {res.date}, {res.where}/ (its README gives the commands)")
+    for folder in res.left_out:
+        print(f"(left out: {_where(folder)}/, a bench that did not finish: {unfinished.reason(folder)})")
     workloads = sorted({(r.net, r.images) for r in res.runs(stage)})
     for net, images in workloads:
         runs = res.runs(stage, net, images) + res.baselines(net, images)
@@ -204,6 +225,9 @@ def readme_block(root: Path = RESULTS) -> str:
 
     sources = "; ".join(f"{res.device}, {res.date}, `{where}/` ({stages_of(set(keys))})"
                         for where, (res, keys) in used.items())
-    lines = [f"The kit's GPU results, each stage's newest (each folder's README gives the commands): {sources}. "
-             f"The fastest run of each stage:", "", *blocks]
+    skipped = left_out(root)
+    skipped = (f" Left out, as benches that did not finish (an `{unfinished.MARKER}` file says so): "
+               f"{', '.join(f'`{where}/`' for where in skipped)}." if skipped else "")
+    lines = [f"The kit's GPU results, each stage's newest (each folder's README gives the commands): {sources}."
+             f"{skipped} The fastest run of each stage:", "", *blocks]
     return "\n".join([README_BEGIN, *lines, README_END])

@@ -3,6 +3,8 @@ that holds it."""
 
 import json
 
+import pytest
+
 from labkit import measured
 from labkit.ledger import Ledger
 from labkit.nets import CIFAR10
@@ -60,3 +62,35 @@ def test_show_prints_the_whole_call_beside_the_runs_that_have_one(tmp_path, caps
     assert len(lines) == 1 and "1.230 ms" in lines[0] and "(CUDA graph replay + output download)" in lines[0]
     assert "10 plain" not in "".join(lines) and "500.000 ms" not in out
     assert "whole call (CUDA events around the whole forward call" in out
+
+
+def test_a_bench_that_did_not_finish_is_left_out_and_named(tmp_path, capsys):
+    """A subfolder holding UNFINISHED (a bench cut off: labkit.unfinished) is not read, its bench.json neither, and
+    the README block and show name it; the same subfolder without the marker is read; a folder marked at its top
+    is left out whole."""
+    from labkit import unfinished
+
+    _folder(tmp_path, "day", "2026-05-01", [("05 tiled", 0.5), ("numpy reference", 1.0)])
+    _folder(tmp_path / "day", "cut_off", "2026-05-01", [("01 serial", 9.0), ("05 tiled", 0.1)])
+    (tmp_path / "day" / "cut_off" / "bench.json").write_text(json.dumps({"rows": [
+        {"stage": "05 tiled", "net": "cifar10", "images": CIFAR10.default_images, "whole_call_s": 0.2}]}))
+    _folder(tmp_path, "gone", "2026-06-01", [("05 tiled", 0.05)])
+    unfinished.mark(tmp_path / "day" / "cut_off", "labkit bench --out cut_off")
+    unfinished.mark(tmp_path / "gone", "labkit bench --out gone")
+
+    assert [r.where for r in measured.all_results(tmp_path)] == ["day"]
+    day = measured.load(tmp_path / "day")
+    assert {r.stage: r.total for r in day.runs()} == pytest.approx({"05 tiled": 0.5, "numpy reference": 1.0})
+    assert day.left_out == [tmp_path / "day" / "cut_off"]
+    assert measured.whole_calls(day, "cifar10", CIFAR10.default_images) == {}
+    block = measured.readme_block(tmp_path)
+    assert "Left out, as benches that did not finish (an `UNFINISHED` file says so): `cut_off/`, `gone/`." in block
+    assert "01 serial" not in block and "0.100000" not in block and "0.050000" not in block
+    measured.show("05", root=tmp_path)
+    assert "(left out: cut_off/, a bench that did not finish: `labkit bench --out cut_off`, started" in \
+        capsys.readouterr().out
+
+    (tmp_path / "day" / "cut_off" / unfinished.MARKER).unlink()  # finished after all: read like any other
+    day = measured.load(tmp_path / "day")
+    assert "01 serial" in {r.stage for r in day.runs()} and day.left_out == []
+    assert "Left out" in measured.readme_block(tmp_path) and "`cut_off/`" not in measured.readme_block(tmp_path)
