@@ -170,7 +170,7 @@ def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RES
         return None
     print(f"Measured by the kit: {res.device}, {res.date}, {res.where}/ (its README gives the commands)")
     for folder in res.left_out:
-        print(f"(left out: {_where(folder)}/, a bench that did not finish: {unfinished.reason(folder)})")
+        print(f"(left out: {_where(folder)}/, a bench that did not finish: its {unfinished.MARKER} file says why)")
     workloads = sorted({(r.net, r.images) for r in res.runs(stage)})
     for net, images in workloads:
         runs = res.runs(stage, net, images) + res.baselines(net, images)

@@ -87,8 +87,7 @@ def test_a_bench_that_did_not_finish_is_left_out_and_named(tmp_path, capsys):
     assert "Left out, as benches that did not finish (an `UNFINISHED` file says so): `cut_off/`, `gone/`." in block
     assert "01 serial" not in block and "0.100000" not in block and "0.050000" not in block
     measured.show("05", root=tmp_path)
-    assert "(left out: cut_off/, a bench that did not finish: `labkit bench --out cut_off`, started" in \
-        capsys.readouterr().out
+    assert "(left out: cut_off/, a bench that did not finish: its UNFINISHED file says why)" in capsys.readouterr().out
 
     (tmp_path / "day" / "cut_off" / unfinished.MARKER).unlink()  # finished after all: read like any other
     day = measured.load(tmp_path / "day")
