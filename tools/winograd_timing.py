@@ -1,0 +1,236 @@
+"""Issue 24's conv timings: per conv layer, stage 09's tuned direct kernel beside the kit's Winograd F(2x2, 5x5).
+
+For every conv layer of cifar10 (50000 and 1200 images), fashion (10000) and ece408 (10000), as stage 10 calls it
+(fused with its activation and pool), the stage-09 tuned function (its committed per-layer choice) and
+``lk.winograd.conv_winograd`` under every configuration (``CONFIGS``). Each is checked first: its output against
+numpy's float64 conv on the first ``CHECK_IMAGES`` images (relative error of the norm, as the kit's checks, at most
+1e-5) and, on every image, against the direct kernel's output; then timed with CUDA events around each call after
+warm-up calls (median and range of ``--repeat``). Inputs and weights are seeded random numbers of the layer's
+shapes. The fastest that passed is printed per layer; ``--out DIR`` writes ``DIR/winograd_timing.json``. Exit
+status 1 when a check failed. ``--explore`` times a grid of configurations (``explore_configs``) on every layer
+instead, with each kernel's registers and spilled bytes (``DIR/winograd_explore.json``).
+
+``--quick`` (no GPU: the simulator and the CPU emulation of CUDA C) runs the layers of the shrunk nets on 3 images,
+for correctness only.
+
+    python3 tools/winograd_timing.py --out results/some-folder
+    python3 tools/winograd_timing.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import labkit as lk  # noqa: E402  (sets up numba: the simulator when there is no GPU)
+from labkit import device, gpu, layers, reference, stages, winograd  # noqa: E402
+from labkit.nets import get_net, layer_output_shape as output_shape  # noqa: E402
+
+MAX_REL_ERROR = 1e-5
+CHECK_IMAGES = 64
+WORKLOADS = (("cifar10", 50000), ("cifar10", 1200), ("fashion", 10000), ("ece408", 10000))
+QUICK = (("cifar10", 3), ("fashion", 3))
+FUSE = ("relu", "tanh", "pool")
+
+
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    """‖got − want‖ / ‖want‖ (the kit's check), infinite where anything is not finite."""
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def expected(x: np.ndarray, w: np.ndarray, b: np.ndarray, group) -> np.ndarray:
+    y = x.astype(np.float64)
+    params = {f"{group[0].name}.weight": w.astype(np.float64), f"{group[0].name}.bias": b.astype(np.float64)}
+    for layer in group:
+        y = reference.layer_forward(layer, y, params)
+    return y
+
+
+def direct_impls(net: str) -> dict:
+    """Stage 09's tuned functions for ``net`` (its committed per-layer choice): fashion's for ece408."""
+    kernels_of = get_net(net).kernels_of or net
+    variants = stages.load_variants(stages.solutions_folder() / "09_per_layer_tuning.ipynb")
+    return variants[f"tuned_{kernels_of}"].impls
+
+
+def conv_groups(net):
+    """(group, its input's shape (C, H, W)) of every conv group as stage 10 fuses them (relu, tanh, pool)."""
+    shape, out = tuple(net.input_shape), []
+    for group in layers.groups(list(net.layers), FUSE):
+        if group[0].kind == "conv":
+            out.append((group, shape))
+        for layer in group:
+            shape = output_shape(layer, shape)
+    return out
+
+
+def group_shape(group, shape):
+    for layer in group:
+        shape = output_shape(layer, shape)
+    return shape
+
+
+def candidates(net_name: str, group) -> list[tuple[str, object]]:
+    impls = direct_impls(net_name)
+    rows = [("09 tuned (direct)", layers.impl_for(impls, group[0]))]
+    for name in winograd.CONFIGS:
+        rows.append((f"winograd {name}", lambda *a, name=name: winograd.conv_winograd(*a, config=name)))
+    return rows
+
+
+def run(quick: bool, repeat: int, warmup: int, say=print) -> tuple[list[dict], list[str], dict]:
+    rows, failures, choices = [], [], {}
+    for net_name, images in QUICK if quick else WORKLOADS:
+        net = lk.simulator.net(net_name) if quick else get_net(net_name)
+        rng = np.random.default_rng(images)
+        choice = choices.setdefault(net_name, {}).setdefault(str(images), {})
+        for group, shape in conv_groups(net):
+            conv = group[0]
+            x = rng.random((images, *shape), dtype=np.float32)
+            w = (rng.standard_normal((conv.out, shape[0], conv.kernel, conv.kernel), dtype=np.float32)
+                 / np.sqrt(shape[0] * conv.kernel ** 2)).astype(np.float32)
+            b = (0.1 * rng.standard_normal(conv.out)).astype(np.float32)
+            shape_out = (images, *group_shape(group, shape))
+            want = expected(x[:CHECK_IMAGES], w, b, group)
+            pad, stride = conv.pad, conv.stride
+            act = next((layers.ACT_CODES[ly.kind] for ly in group[1:] if ly.kind in layers.ACT_CODES), 0)
+            pool = next((ly.kernel for ly in group[1:] if ly.kind == "pool"), 0)
+            xd, wd, bd = gpu.to_device(x), gpu.to_device(w), gpu.to_device(b)
+            out = gpu.to_device(np.zeros(shape_out, np.float32))
+            say(f"{net_name} {conv.name}, {images} images: {x.shape[1:]} -> {shape_out[1:]}")
+            direct_out, best = None, None
+            for label, fn in candidates(net_name, group):
+                row = {"net": net_name, "images": images, "layer": conv.name, "kernel": label}
+                rows.append(row)
+                try:
+                    gpu.poison(out)
+                    fn(xd, wd, bd, out, pad, stride, act, pool)
+                    got = gpu.as_host(out)
+                    row["rel_error"] = err = rel_error(got[:CHECK_IMAGES], want)
+                    if direct_out is None:
+                        direct_out = got
+                    else:
+                        row["rel_error_direct"] = rel_error(got, direct_out.astype(np.float64))
+                    worst = max(err, row.get("rel_error_direct", 0.0))
+                    if worst > MAX_REL_ERROR:
+                        failures.append(f"{net_name} {images} {conv.name} {label}: relative error {worst:.2e}")
+                        say(f"  {label:<24} CHECK FAILED: relative error {worst:.2e} (at most {MAX_REL_ERROR:g})")
+                        continue
+                    if not quick:
+                        m = lk.measure(fn, xd, wd, bd, out, pad, stride, act, pool, warmup=warmup, repeat=repeat)
+                        row["time"] = {"median_ms": 1e3 * m.median, "min_ms": 1e3 * min(m.times),
+                                       "max_ms": 1e3 * max(m.times), "runs": len(m.times)}
+                        if best is None or m.median < best[1]:
+                            best = (label, m.median)
+                except Exception as exc:  # noqa: BLE001 - one failing kernel must not hide the others
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    failures.append(f"{net_name} {images} {conv.name} {label}: {row['error']}")
+                    say(f"  {label:<24} ERROR {row['error']}")
+                    continue
+                t = row.get("time")
+                say(f"  {label:<24} rel err {err:.1e}" + (f"  {t['median_ms']:8.3f} ms (range {t['min_ms']:.3f}-"
+                                                           f"{t['max_ms']:.3f}, {t['runs']} runs)" if t else
+                                                           "  (checked)"))
+            if best is not None:
+                choice[conv.name] = best[0].removeprefix("winograd ") if best[0].startswith("winograd") else None
+            del xd, wd, bd, out
+            gpu.release_buffers()
+    return rows, failures, choices
+
+
+#: ``--explore``: every conv layer of the issue's workloads under a grid of configurations
+def explore_configs() -> list:
+    return [winograd.Config(f"mg{mg} t{threads} minb{minb}", mg=mg, threads=threads, min_blocks=minb)
+            for mg in (4, 8, 16) for threads in (128, 256) for minb in (1, 2)]
+
+
+def explore(repeat: int, warmup: int, say=print) -> list[dict]:
+    """Every configuration of ``explore_configs`` on every conv layer of ``WORKLOADS``: registers, spills, time."""
+    rows = []
+    for net_name, images, group, shape in ((n, i, g, s) for n, i in WORKLOADS for g, s in conv_groups(get_net(n))):
+        conv, layer = group[0], group[0].name
+        rng = np.random.default_rng(images)
+        x = rng.random((images, *shape), dtype=np.float32)
+        w = (rng.standard_normal((conv.out, shape[0], 5, 5), dtype=np.float32) / np.sqrt(25 * shape[0])).astype(np.float32)
+        b = np.zeros(conv.out, np.float32)
+        act = next((layers.ACT_CODES[ly.kind] for ly in group[1:] if ly.kind in layers.ACT_CODES), 0)
+        pool = next((ly.kernel for ly in group[1:] if ly.kind == "pool"), 0)
+        xd, wd, bd = gpu.to_device(x), gpu.to_device(w), gpu.to_device(b)
+        out = gpu.to_device(np.zeros((images, *group_shape(group, shape)), np.float32))
+        direct = layers.impl_for(direct_impls(net_name), conv)
+        direct(xd, wd, bd, out, conv.pad, 1, act, pool)
+        ref = gpu.as_host(out).astype(np.float64)
+        m = lk.measure(direct, xd, wd, bd, out, conv.pad, 1, act, pool, warmup=warmup, repeat=repeat)
+        say(f"{net_name} {layer} {images}: direct {1e3 * m.median:.3f} ms")
+        rows.append({"net": net_name, "images": images, "layer": layer, "kernel": "09 tuned (direct)",
+                     "median_ms": 1e3 * m.median})
+        for cfg in explore_configs():
+            row = {"net": net_name, "images": images, "layer": layer, "kernel": cfg.name}
+            rows.append(row)
+            try:
+                p = winograd.plan_for(xd, wd, conv.pad, 1, act, pool, cfg)
+                gpu.poison(out)
+                winograd.conv_winograd(xd, wd, bd, out, conv.pad, 1, act, pool, config=cfg)
+                err = rel_error(gpu.as_host(out), ref)
+                k = winograd.module(p.macros()).get_function("wino_conv")
+                attrs = getattr(k, "attributes", {}) or {}
+                row.update(rel_error=err, regs=attrs.get("num_regs"), local=attrs.get("local_size_bytes"))
+                m = lk.measure(winograd.conv_winograd, xd, wd, bd, out, conv.pad, 1, act, pool, config=cfg,
+                               warmup=warmup, repeat=repeat)
+                row["median_ms"] = 1e3 * m.median
+                say(f"  {cfg.name:<20} regs {row['regs']} local {row['local']} err {err:.1e}  "
+                    f"{1e3 * m.median:8.3f} ms")
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                say(f"  {cfg.name:<28} ERROR {row['error']}")
+        del xd, wd, bd, out
+        gpu.release_buffers()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the shrunk nets on 3 images, correctness only")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", type=Path, help="folder for winograd_timing.json")
+    ap.add_argument("--explore", action="store_true", help="a grid of configurations on the layers that can pay")
+    args = ap.parse_args(argv)
+    info = device.info()
+    if not args.quick and info.kind != "gpu":
+        print("winograd_timing: no GPU here; --quick checks the kernels on the shrunk nets", file=sys.stderr)
+        return 2
+    print(f"device: {info.name}; CUDA C: {'CPU emulation' if gpu.cuda_c_on_cpu() else 'cupy'}")
+    if args.explore:
+        rows = explore(args.repeat, args.warmup)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "winograd_explore.json").write_text(json.dumps({"device": info.name, "rows": rows}, indent=1))
+        return 0
+    rows, failures, choices = run(args.quick, args.repeat, args.warmup)
+    stamp = {"date": dt.datetime.now().isoformat(timespec="seconds"), "device": info.name,
+             "command": "python3 tools/winograd_timing.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        data = {**stamp, "quick": args.quick, "repeat": args.repeat, "warmup": args.warmup,
+                "max_rel_error": MAX_REL_ERROR, "rows": rows, "failures": failures, "choices": choices}
+        (args.out / "winograd_timing.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(rows)} rows, {len(failures)} failed" + "".join(f"\n  {f}" for f in failures))
+    print("fastest per layer (a winograd configuration, or null for the direct kernel): " + json.dumps(choices))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
