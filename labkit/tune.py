@@ -144,6 +144,37 @@ def stored(net: str, images: int, dev: str | None = None) -> dict | None:
     return entries[-1] if entries else None
 
 
+def by_images(tuned: dict[int, dict]) -> dict:
+    """One set of layer functions from choices tuned per workload size (``{1200: impls, 50000: impls}``): where
+    the sizes' functions for a layer differ, a function that calls, at each call, the one tuned for the size nearest
+    (by ratio) to the call's batch; the kit's checks (a few images) get the smallest size's. A layer's best kernel
+    at 1200 images is not its best at 50000: at 1200 the small layers do not fill the GPU."""
+    import math
+
+    sizes = sorted(tuned)
+    if not sizes:
+        raise ValueError("by_images: no tuned sizes given")
+    out = {}
+    for key in dict.fromkeys(k for s in sizes for k in tuned[s]):
+        fns = {s: tuned[s].get(key) for s in sizes}
+        if any(fn is None for fn in fns.values()):
+            raise ValueError(f"by_images: layer {key!r} has no function at "
+                             f"{', '.join(str(s) for s, fn in fns.items() if fn is None)} images")
+        if len({id(fn) for fn in fns.values()}) == 1:
+            out[key] = fns[sizes[0]]
+            continue
+
+        def pick(x, *args, _fns=fns):
+            n = max(1, int(x.shape[0]))
+            return _fns[min(sizes, key=lambda s: (abs(math.log(s / n)), s))](x, *args)
+
+        pick.__name__ = f"tuned_by_images_{key}"
+        pick.__qualname__ = pick.__name__
+        pick.tuned = fns  # what it picks from, for a reader (lk.show, a test)
+        out[key] = pick
+    return out
+
+
 def tune(candidates: dict[str, list[Candidate]], net: str | Net, images: int, repeat: int = 5,
          save: bool = False, quiet: bool = False) -> Tuning:
     """Tune every layer named in ``candidates`` (layer -> its candidates) of ``net`` at ``images`` images."""

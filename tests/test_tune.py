@@ -3,6 +3,7 @@ choice (and its medians, labelled with their device) used where nothing can be t
 
 import json
 
+import numpy as np
 import pytest
 
 from labkit import device, tune
@@ -69,3 +70,25 @@ def test_the_stored_choice_is_this_devices_when_one_is_recorded_else_the_newest(
     store.write_text(json.dumps({"choices": [entry("Old GPU", "old"), entry("Other GPU", "newest")]}))
     assert tune.stored("fashion", 7)["choice"] == {"conv1": "newest"}
     assert tune.stored("fashion", 8) is None and tune.stored("cifar10", 7) is None
+
+
+def test_by_images_calls_the_choice_tuned_for_the_nearest_size():
+    calls = []
+
+    def small(x, *a):
+        calls.append(("small", x.shape[0]))
+
+    def big(x, *a):
+        calls.append(("big", x.shape[0]))
+
+    def same(x, *a):
+        calls.append(("same", x.shape[0]))
+
+    impls = tune.by_images({1200: {"conv1": small, "fc": same}, 50000: {"conv1": big, "fc": same}})
+    assert impls["fc"] is same  # one function at every size: no dispatcher
+    for n in (1, 7, 1200, 7000, 8000, 50000, 90000):
+        impls["conv1"](np.zeros((n, 1)))
+    assert calls == [("small", 1), ("small", 7), ("small", 1200), ("small", 7000), ("big", 8000), ("big", 50000),
+                     ("big", 90000)]
+    with pytest.raises(ValueError, match="conv2"):
+        tune.by_images({1200: {"conv2": small}, 50000: {}})
