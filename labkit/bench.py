@@ -458,6 +458,12 @@ def refresh_ceilings(out: Path) -> dict:
     return meta
 
 
+def refresh_plots(out: Path) -> None:
+    """Draw a bench folder's plots again from its bench.json (a run cut off while plotting, say)."""
+    data = json.loads((Path(out) / "bench.json").read_text())
+    _plots(Path(out), data["rows"], data["meta"])
+
+
 def _latest(reports: list[RunReport], labels: list[str], device_label: str) -> list[RunReport]:
     """The newest run of each label of this bench call on this device, in the rows' order (the ledger may hold
     runs of earlier calls into the same folder)."""
@@ -560,6 +566,7 @@ def _write_files(out: Path, rows: list[dict], command: str, meta: dict) -> None:
         w.writerows(rows)
     (out / "summary.md").write_text(f"# Bench: {meta['device']}\n\n{meta['date']}, `{command}`\n\n```\n"
                                     f"{table(rows)}\n```\n")
+    unfinished.clear(out)  # every row is written: the plots are drawn from them and can be redrawn (refresh_plots)
     _plots(out, rows, meta)
 
 

@@ -18,10 +18,11 @@ and infinity; B^T's entries are small integers. The results differ from a direct
 
 A 2-D F(2 x 2, 5 x 5) kernel (36 multiplies for a 2 x 2 block instead of 100) was built first and measured on an
 H100 (``results/h100-2026-11-26c/winograd_2d_explore.json``): it needs 36 sums a tile and output channel, so a
-block's sums go through shared memory and every configuration ran between 0.9 and 1.06 times the direct kernel;
-the row form keeps its 6 sums in registers. Measured the same way (``winograd_rows_explore.json``), the row form ran
-at 0.6 to 0.95 times the speed of stage 09's direct register tiles on cifar10's and fashion's convs and 1.09 times on
-ece408's conv2: 6 sums for two columns cost the registers a direct tile spends on more outputs, so each filter value
+block's sums go through shared memory, and the best configuration of each layer ran at 0.88 to 1.06 times the
+direct kernel's speed; the row form keeps its 6 sums in registers. Measured the same way
+(``winograd_rows_explore.json``), the row form's best configuration ran at 0.48 (the one-channel first layers) to
+0.93 times the speed of stage 09's direct register tiles on cifar10's and fashion's convs and 1.09 times on ece408's
+conv2: 6 sums for two columns cost the registers a direct tile spends on more outputs, so each filter value
 read from shared memory feeds 8 multiply-adds here against 16 there. Stage 10 keeps the direct kernels; this module
 stays as the measured record of that step and the place to take it further (a batched-GEMM form with larger tiles).
 

@@ -95,3 +95,21 @@ def test_the_page_refuses_a_marked_folder_and_force_clears_the_marker(books, tmp
         benchdoc.load(out)
     bench.prepare_out(out, force=True)
     assert not (out / unfinished.MARKER).exists() and not (out / "ledger.jsonl").exists()
+
+
+def test_a_bench_cut_off_while_plotting_is_finished_and_its_plots_can_be_redrawn(books, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    drawn = []
+    plots = bench._plots
+
+    def cut(*a, **kw):
+        raise KeyboardInterrupt  # the step limit, while the plots are drawn: every row is in bench.json already
+
+    monkeypatch.setattr(bench, "_plots", cut)
+    with pytest.raises(KeyboardInterrupt):
+        _bench(books, out)
+    assert (out / "bench.json").is_file() and not (out / unfinished.MARKER).exists()
+    assert [r["variant"] for r in json.loads((out / "bench.json").read_text())["rows"]] == ["first", "second"]
+    monkeypatch.setattr(bench, "_plots", lambda *a: (drawn.append(a), plots(*a)))
+    bench.refresh_plots(out)
+    assert len(drawn) == 1 and drawn[0][0] == out

@@ -1,7 +1,7 @@
 """Issue 24's goals against a bench run: the final stage's fastest whole call per workload beside cuDNN's whole call
 in the same process, the fraction of the fp32 floor, and the end-to-end rows; a markdown table from bench.json.
 
-    python tools/whole_job_goals.py results/h100-2026-11-26/bench_09_10/bench.json
+    python tools/whole_job_goals.py results/h100-2026-11-26c/bench_all/bench.json
 """
 
 from __future__ import annotations
