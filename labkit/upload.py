@@ -39,7 +39,8 @@ def end_to_end(variant: Variant, images: int = 50000, repeat: int = 5) -> dict:
     """Median seconds (``Clock("auto")``: CUDA events on a GPU) of upload + forward + download, from float32 input
     prepared on the CPU (the class probabilities come back) and from the stored bytes converted on the GPU
     (``whole.Job.serial``: the classes come back; the same values: ``data.to_input``'s table of byte/255 - 0.5),
-    with the range and the bytes each path uploads; both paths' predictions must agree."""
+    with the range and the bytes each path uploads; both paths' predictions must agree, and the bytes path's input
+    must equal the float path's, element for element (``inputs_equal``)."""
     from .whole import Job  # the whole job's one bytes-to-classes path (labkit.whole imports this module)
 
     net = get_net("cifar10")
@@ -69,4 +70,5 @@ def end_to_end(variant: Variant, images: int = 50000, repeat: int = 5) -> dict:
         out[f"{name}_upload_s"] = median(seconds)
         out[f"{name}_upload_range"] = (min(seconds), max(seconds))
     out["predictions_equal"] = bool(np.array_equal(preds["float32"], preds["uint8"]))
+    out["inputs_equal"] = bool(np.array_equal(job.inputs(raw), x))  # the predictions alone can agree by chance
     return out

@@ -109,14 +109,24 @@ class Job:
             raise ValueError(f"Job.classes: n = {n}, but the bytes hold {bytes_dev.shape[0]} images")
         tag = self._tag(lane)
         with _on(lane):
-            x = gpu.buffer(f"{tag} input", (n, *self.net.input_shape))
-            gpu.launch(upload.bytes_to_input, x.size, gpu.flat(bytes_dev), self.table, gpu.flat(x))
+            x = self._normalised(bytes_dev, n, tag)
             probs = engine.forward(self.net, self.variant, engine.Prepared(x, self.weights), download=False,
                                    tag=tag)
             classes = gpu.buffer(f"{tag} classes", (n,), np.int32)
             kernels.argmax_rows(probs, classes)
         self._own(classes, lane)
         return classes
+
+    def _normalised(self, bytes_dev, n: int, tag: str):
+        x = gpu.buffer(f"{tag} input", (n, *self.net.input_shape))
+        gpu.launch(upload.bytes_to_input, x.size, gpu.flat(bytes_dev), self.table, gpu.flat(x))
+        return x
+
+    def inputs(self, raw: np.ndarray) -> np.ndarray:
+        """The network input ``classes`` makes from ``raw`` on the device, on the host: what ``upload.end_to_end``
+        compares with ``data.to_input``'s (equal predictions alone can hide a wrong input)."""
+        raw = np.ascontiguousarray(raw, np.uint8)
+        return gpu.to_host(self._normalised(self.upload(None, raw), raw.shape[0], self._tag(None)), name="input")
 
     def download(self, lane: streams.Lane | None, classes_dev, host_out: np.ndarray) -> np.ndarray:
         """Queue the copy of the classes into ``host_out`` (int32, one per image; pinned for an overlapping copy).

@@ -25,4 +25,18 @@ def test_end_to_end_times_both_paths():
     r = upload.end_to_end(variant, images=2, repeat=2)
     assert r["float32_bytes"] == 4 * r["uint8_bytes"] == 4 * 2 * 3 * 32 * 32
     assert r["float32_upload_s"] > 0 and r["uint8_upload_s"] > 0 and r["predictions_equal"] is True
+    assert r["inputs_equal"] is True
     assert r["uint8_upload_range"][0] <= r["uint8_upload_s"] <= r["uint8_upload_range"][1]
+
+
+def test_end_to_end_catches_a_bytes_path_that_makes_another_input(monkeypatch):
+    """A zero conv makes both paths' predictions agree whatever the input is: the input comparison must not."""
+    from labkit import whole
+
+    def zero_conv(x, w, b, out, pad, stride):
+        out.copy_to_device(np.zeros(out.shape, np.float32))
+
+    real = whole.input_table
+    monkeypatch.setattr(whole, "input_table", lambda net: real(net)[::-1].copy())  # a reversed byte table
+    r = upload.end_to_end(lk.Variant({**lk.kernels.GIVEN, "conv": zero_conv}, arrays="device"), images=2, repeat=1)
+    assert r["predictions_equal"] is True and r["inputs_equal"] is False
