@@ -274,3 +274,32 @@ def test_values_written_past_the_end_of_out_are_found_by_the_guard(value):
 
     r = lk.check_layer(spills, "cifar10", "conv2", arrays="device", quiet=True)
     assert not r.passed and "3 value(s) written out of bounds, past the end of out" in r.detail, str(r)
+
+
+def test_a_sum_that_cancels_is_judged_against_its_terms_and_a_missing_term_still_fails():
+    """After a ReLU a case can keep only outputs that are small differences of large terms: fp32 rounding of a
+    correct kernel is then large next to the output itself (1.5e-5 on an H100) but tiny next to the terms, which is
+    what ``magnitude`` measures against; a missing term stays far above the tolerance either way."""
+    from labkit.check import compare, magnitude
+    from labkit.nets import Layer
+
+    rng = np.random.default_rng(5)
+    layer = Layer("fc", "fc", out=1)
+    x = rng.standard_normal((1, 400)).astype(np.float32)
+    w = (rng.standard_normal((1, 400)) / 20).astype(np.float32)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    b = (-exact[0] + 0.0065).astype(np.float32)  # the output: 0.0065 left of terms ~ 0.04 each
+    weights = {"fc.weight": w, "fc.bias": b}
+    expected = (exact + b.astype(np.float64)).astype(np.float32)
+    terms = (x[0] * w[0]).astype(np.float32)
+    rounded = np.float32(0)
+    for t in terms[::-1]:  # one fp32 summation order among many
+        rounded = np.float32(rounded + t)
+    got = np.array([[rounded + b[0]]], np.float32)
+    scale = magnitude(layer, x, weights)
+    assert scale.shape == expected.shape and (scale >= np.abs(expected)).all()
+    own = compare("fc", got, expected)  # against the output's own size: rounding looks like an error
+    fair = compare("fc", got, expected, scale=scale)
+    assert fair.passed and fair.error < 1e-6 and own.error > fair.error * 100
+    missing = np.array([[rounded - terms[7] + b[0]]], np.float32)
+    assert not compare("fc", missing, expected, scale=scale).passed

@@ -209,7 +209,7 @@ class Job:
                                     layer=dataclasses.asdict(case.layer) if case.layer is not None else None,
                                     net=net.name if net is not None else None))
             self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
-                               "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
+                               "scale": case.scale, "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
                                "target": plan.variants[vname].target}
 
         for vname, spec in plan.variants.items():
@@ -260,7 +260,7 @@ class Job:
                 res = CheckResult(c["name"], False, detail="no output array came back", seed=self.seed)
             else:
                 res = compare(c["name"], got, c["expected"], self.plan.rubric["checks"]["tol"], batch=c["batch"],
-                              launches=msg.launches)
+                              launches=msg.launches, scale=c.get("scale"))
                 res.seed = self.seed
                 res.batches = (c["batch"],)
                 if not res.passed:
