@@ -1,21 +1,16 @@
 """tools/fc_gemm_timing.py: its quick run checks every kernel it would time (the kit's fc, its register tiles, each
 CUDA C configuration) on tiny odd shapes, writes its JSON, and fails when a kernel is wrong."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from labkit import gemm_cuda, stages
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "fc_gemm_timing.py"
-spec = importlib.util.spec_from_file_location("fc_gemm_timing", TOOL)
-timing = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = timing
-spec.loader.exec_module(timing)
+import tool_modules  # noqa: E402  (tests/ is on the path)
+
+timing = tool_modules.load("fc_gemm_timing")
 
 pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=stages.unavailable(("cuda_c",)) or "")
 

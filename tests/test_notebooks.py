@@ -1,7 +1,6 @@
 """Notebook machinery: format, the student copies, and loading the tagged kernel cells."""
 
 import ast
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -12,13 +11,13 @@ import pytest
 from labkit import nbcells, stages
 from labkit.check import check_variant
 
+import tool_modules  # noqa: E402  (tests/ is on the path)
+
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((REPO / "solutions").glob("*.ipynb"))
 STUDENT = sorted((REPO / "notebooks").glob("*.ipynb"))
 
-spec = importlib.util.spec_from_file_location("make_student", REPO / "tools" / "make_student.py")
-make_student = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(make_student)
+make_student = tool_modules.load("make_student")
 
 
 def test_there_are_stage_notebooks_in_both_folders():
@@ -183,8 +182,6 @@ def test_untouched_student_copy_runs_top_to_bottom_without_a_traceback(path, tmp
 
 
 def test_the_readmes_figures_are_rendered_from_the_committed_results():
-    spec = importlib.util.spec_from_file_location("update_docs", REPO / "tools" / "update_docs.py")
-    update_docs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(update_docs)
+    update_docs = tool_modules.load("update_docs")
     text = (REPO / "README.md").read_text()
     assert update_docs.render(text) == text, "run python tools/update_docs.py"

@@ -4,7 +4,6 @@ the tool's --insert. Recordings run on the simulator on small launches (a second
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -22,6 +21,8 @@ matplotlib.use("Agg")
 import labkit as lk  # noqa: E402
 from labkit import access, draw  # noqa: E402
 
+import tool_modules  # noqa: E402  (tests/ is on the path)
+
 REPO = Path(__file__).resolve().parent.parent
 # every test records on the simulator in this process, but the last, which records in a child process as a GPU
 # machine does (LABKIT_TEST_GPU=1 runs it on the GPU; here the simulator is told it is not there)
@@ -31,12 +32,7 @@ s04 = lk.from_stage("04")  # given code, as a notebook binds it: lk.show finds i
 
 def _tool():
     """tools/draw_access_figures.py as a module (tools/ is not a package)."""
-    name = "draw_access_figures"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
+    return tool_modules.load("draw_access_figures")
 
 
 TOOL = _tool()

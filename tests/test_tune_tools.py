@@ -2,23 +2,13 @@
 without a GPU (nothing to time); the recheck runs a stage-09 candidate's group check as often as asked, names an
 unknown candidate with the known ones, and fails when a check fails."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from labkit import stages
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+import tool_modules  # noqa: E402  (tests/ is on the path)
 
-
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+_tool = tool_modules.load
 
 
 def test_tune_workload_refuses_without_a_gpu(capsys):

@@ -1,12 +1,8 @@
 """tools/whole_job_goals.py: the goals table reads the fastest stage-10 row against cuDNN's whole call."""
 
-import importlib.util
-from pathlib import Path
+import tool_modules  # tests/ is on the path
 
-spec = importlib.util.spec_from_file_location("whole_job_goals",
-                                              Path(__file__).resolve().parents[1] / "tools" / "whole_job_goals.py")
-goals = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(goals)
+goals = tool_modules.load("whole_job_goals")
 
 
 def _row(stage, net, n, whole, total=None, floor=None):

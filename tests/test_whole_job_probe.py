@@ -3,21 +3,16 @@ sums and a reduction: labkit.gemm's stores) give x @ w.T + b on ragged sizes, th
 not, and its quick run (every section on the simulator, through the kit's lanes, graphs and Job) finds nothing
 wrong."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
 import labkit  # noqa: F401  (sets up numba: the simulator without a GPU)
 from labkit import gemm, gpu
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "whole_job_probe.py"
-spec = importlib.util.spec_from_file_location("whole_job_probe", TOOL)
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe
-spec.loader.exec_module(probe)
+import tool_modules  # noqa: E402  (tests/ is on the path)
+
+probe = tool_modules.load("whole_job_probe")
 
 # 19 images (ragged against 8-image tiles), 50 inputs (3 splits of 24 and 7 of 8: the last split is ragged),
 # 13 features (ragged against 10-feature tiles)

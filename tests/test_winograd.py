@@ -8,6 +8,8 @@ import pytest
 
 from labkit import check, gpu, layers, reference, simulator, stages, winograd
 
+import tool_modules  # noqa: E402  (tests/ is on the path)
+
 pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=stages.unavailable(("cuda_c",)) or "")
 
 #: four output channels a thread: cases of 6, 13 and 16 maps cross groups and pad the last one
@@ -97,23 +99,10 @@ def test_what_it_does_not_do_is_refused_in_one_line(bad, words):
     assert "\n" not in str(err.value)
 
 
-def _timing_tool():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "winograd_timing.py"
-    spec = importlib.util.spec_from_file_location("winograd_timing", path)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def test_the_timing_tools_quick_run_checks_every_kernel_and_fails_a_wrong_one(tmp_path, monkeypatch):
     import json
 
-    tool = _timing_tool()
+    tool = tool_modules.load("winograd_timing")
     assert tool.main(["--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "winograd_timing.json").read_text())
     layers_run = sum(len(tool.conv_groups(simulator.net(n))) for n, _ in tool.QUICK)
