@@ -102,12 +102,16 @@ def groups(layers_: list[Layer], fuse: tuple[str, ...] = ()) -> list[tuple[Layer
     return out
 
 
-def fused_args(group: tuple[Layer, ...], x, weights: dict, out) -> tuple:
-    """The arguments of a fused conv group: the conv's, then the activation code and the pooling window."""
-    conv = group[0]
+def fused_codes(group: tuple[Layer, ...]) -> tuple[int, int]:
+    """(activation code, pooling window) of a fused conv group: 0 where it has none."""
     act = next((ACT_CODES[ly.kind] for ly in group[1:] if ly.kind in ACT_CODES), 0)
     pool = next((ly.kernel for ly in group[1:] if ly.kind == "pool"), 0)
-    return (*args(conv, x, weights, out), act, pool)
+    return act, pool
+
+
+def fused_args(group: tuple[Layer, ...], x, weights: dict, out) -> tuple:
+    """The arguments of a fused conv group: the conv's, then the activation code and the pooling window."""
+    return (*args(group[0], x, weights, out), *fused_codes(group))
 
 
 def group_output_shape(group: tuple[Layer, ...], x_shape: tuple[int, ...], weights: dict) -> tuple[int, ...]:

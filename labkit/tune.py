@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -149,8 +150,6 @@ def by_images(tuned: dict[int, dict]) -> dict:
     the sizes' functions for a layer differ, a function that calls, at each call, the one tuned for the size nearest
     (by ratio) to the call's batch; the kit's checks (a few images) get the smallest size's. A layer's best kernel
     at 1200 images is not its best at 50000: at 1200 the small layers do not fill the GPU."""
-    import math
-
     sizes = sorted(tuned)
     if not sizes:
         raise ValueError("by_images: no tuned sizes given")

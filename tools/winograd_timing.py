@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -82,6 +81,16 @@ def group_shape(group, shape):
     return shape
 
 
+def layer_inputs(images: int, group, shape, rng, bias: bool = True):
+    """Seeded inputs in [0, 1), weights of the conv's fan-in, biases (or zeros), and the group's output shape."""
+    conv = group[0]
+    x = rng.random((images, *shape), dtype=np.float32)
+    w = (rng.standard_normal((conv.out, shape[0], conv.kernel, conv.kernel), dtype=np.float32)
+         / np.sqrt(shape[0] * conv.kernel ** 2)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(conv.out)).astype(np.float32) if bias else np.zeros(conv.out, np.float32)
+    return x, w, b, (images, *group_shape(group, shape))
+
+
 def candidates(net_name: str, group) -> list[tuple[str, object]]:
     impls = direct_impls(net_name)
     rows = [("09 tuned (direct)", layers.impl_for(impls, group[0]))]
@@ -98,15 +107,10 @@ def run(quick: bool, repeat: int, warmup: int, say=print) -> tuple[list[dict], l
         choice = choices.setdefault(net_name, {}).setdefault(str(images), {})
         for group, shape in conv_groups(net):
             conv = group[0]
-            x = rng.random((images, *shape), dtype=np.float32)
-            w = (rng.standard_normal((conv.out, shape[0], conv.kernel, conv.kernel), dtype=np.float32)
-                 / np.sqrt(shape[0] * conv.kernel ** 2)).astype(np.float32)
-            b = (0.1 * rng.standard_normal(conv.out)).astype(np.float32)
-            shape_out = (images, *group_shape(group, shape))
+            x, w, b, shape_out = layer_inputs(images, group, shape, rng)
             want = expected(x[:CHECK_IMAGES], w, b, group)
             pad, stride = conv.pad, conv.stride
-            act = next((layers.ACT_CODES[ly.kind] for ly in group[1:] if ly.kind in layers.ACT_CODES), 0)
-            pool = next((ly.kernel for ly in group[1:] if ly.kind == "pool"), 0)
+            act, pool = layers.fused_codes(group)
             xd, wd, bd = gpu.to_device(x), gpu.to_device(w), gpu.to_device(b)
             out = gpu.to_device(np.zeros(shape_out, np.float32))
             say(f"{net_name} {conv.name}, {images} images: {x.shape[1:]} -> {shape_out[1:]}")
@@ -161,14 +165,10 @@ def explore(repeat: int, warmup: int, say=print) -> list[dict]:
     rows = []
     for net_name, images, group, shape in ((n, i, g, s) for n, i in WORKLOADS for g, s in conv_groups(get_net(n))):
         conv, layer = group[0], group[0].name
-        rng = np.random.default_rng(images)
-        x = rng.random((images, *shape), dtype=np.float32)
-        w = (rng.standard_normal((conv.out, shape[0], 5, 5), dtype=np.float32) / np.sqrt(25 * shape[0])).astype(np.float32)
-        b = np.zeros(conv.out, np.float32)
-        act = next((layers.ACT_CODES[ly.kind] for ly in group[1:] if ly.kind in layers.ACT_CODES), 0)
-        pool = next((ly.kernel for ly in group[1:] if ly.kind == "pool"), 0)
+        x, w, b, shape_out = layer_inputs(images, group, shape, np.random.default_rng(images), bias=False)
+        act, pool = layers.fused_codes(group)
         xd, wd, bd = gpu.to_device(x), gpu.to_device(w), gpu.to_device(b)
-        out = gpu.to_device(np.zeros((images, *group_shape(group, shape)), np.float32))
+        out = gpu.to_device(np.zeros(shape_out, np.float32))
         direct = layers.impl_for(direct_impls(net_name), conv)
         direct(xd, wd, bd, out, conv.pad, 1, act, pool)
         ref = gpu.as_host(out).astype(np.float64)
