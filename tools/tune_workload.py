@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     ap.add_argument("--save", action="store_true", help="add the choice to results/tuning.json for this device")
     args = ap.parse_args(argv)
     if device.info().kind != "gpu":
-        print("tune_workload: no GPU here: the tuner only checks on the simulator, there is nothing to time",
+        print("tune_workload: no GPU here: the tuner only checks on the simulator, there is nothing to time; run it "
+              "on a CUDA machine (docs/gpu.md says how)",
               file=sys.stderr)
         return 2
     s09 = lk.stages.from_stage("09")
