@@ -6,34 +6,16 @@ output-channel groups and padded ones; the kit's group check passes it; what it 
 import numpy as np
 import pytest
 
-from labkit import check, gpu, layers, reference, simulator, stages, winograd
+from labkit import check, gpu, layers, reference, simulator, stages, tensor_cores, winograd
 
 import tool_modules  # noqa: E402  (tests/ is on the path)
+from conv_cases import CASES, case as _case, expected as _expected  # noqa: E402
 
 pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=stages.unavailable(("cuda_c",)) or "")
 
 #: four output channels a thread: cases of 6, 13 and 16 maps cross groups and pad the last one
 SMALL = winograd.Config("small", mg=4, threads=32)
 CONFIGS = [*winograd.CONFIGS.values(), SMALL]
-
-#: (images, channels, rows, columns, maps, pad, activation, pool): odd maps, overhanging tiles, a pool that drops a
-#: row and a column (odd conv output), one channel, padding 0 and 2
-CASES = [(3, 3, 8, 12, 16, 2, 1, 2), (2, 5, 13, 11, 6, 0, 2, 2), (1, 1, 11, 10, 13, 0, 2, 2),
-         (2, 4, 9, 7, 6, 0, 0, 0), (5, 2, 6, 9, 4, 2, 1, 0)]
-
-
-def _expected(x, w, b, pad, act, pool):
-    y = reference.conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), pad)
-    y = np.maximum(y, 0) if act == 1 else np.tanh(y) if act == 2 else y
-    return reference.maxpool2d(y, 2, 2) if pool else y
-
-
-def _case(seed, n, c, h, wd, m):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, c, h, wd), dtype=np.float32)
-    w = (rng.standard_normal((m, c, 5, 5), dtype=np.float32) / np.sqrt(25 * c)).astype(np.float32)
-    b = rng.standard_normal(m, dtype=np.float32)
-    return x, w, b
 
 
 def test_the_matrices_are_minimal_filtering_of_a_5_tap_row():
@@ -102,11 +84,12 @@ def test_what_it_does_not_do_is_refused_in_one_line(bad, words):
 def test_the_timing_tools_quick_run_checks_every_kernel_and_fails_a_wrong_one(tmp_path, monkeypatch):
     import json
 
-    tool = tool_modules.load("winograd_timing")
+    tool = tool_modules.load("conv_timing")
     assert tool.main(["--quick", "--out", str(tmp_path)]) == 0
-    data = json.loads((tmp_path / "winograd_timing.json").read_text())
+    data = json.loads((tmp_path / "conv_timing.json").read_text())
     layers_run = sum(len(tool.conv_groups(simulator.net(n))) for n, _ in tool.QUICK)
-    assert len(data["rows"]) == layers_run * (1 + len(winograd.CONFIGS)) and not data["failures"]
+    kernels = 1 + len(winograd.CONFIGS) + len(tensor_cores.CONFIGS)
+    assert len(data["rows"]) == layers_run * kernels and not data["failures"]
     real = winograd.conv_winograd
 
     def no_bias(x, w, b, out, pad, stride=1, act=0, pool=0, config=winograd.DEFAULT):

@@ -16,7 +16,7 @@ step() {
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
 }
 want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
-WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore nb10 bench
+WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tc tcexplore nb10 bench
 want sandbox && step sandbox "$PY" tools/sandbox_gpu_check.py --out "$OUT/files/sandbox"
 want cudac && [ -f tools/cuda_c_wrong_kernels.py ] && step cudac "$PY" tools/cuda_c_wrong_kernels.py --out "$OUT/files/cudac"
 want tests && step tests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rs \
@@ -28,12 +28,14 @@ want wrong && step wrong "$PY" tests/wrong_submissions.py --table --no-selfcheck
 want probe && [ -f tools/whole_job_probe.py ] && step probe "$PY" tools/whole_job_probe.py --out "$OUT/files/probe"
 want stage10 && step stage10 env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs \
   tests/test_streams.py tests/test_bench_whole.py tests/test_split_k.py tests/test_gemm.py tests/test_gemm_cuda.py tests/test_fc_gemm_timing.py \
-  tests/test_winograd.py tests/test_unfinished.py tests/test_tune.py
+  tests/test_winograd.py tests/test_tensor_cores.py tests/test_unfinished.py tests/test_tune.py
 want tune1200 && step tune1200 "$PY" tools/tune_workload.py cifar10 1200 --save && cp results/tuning.json "$OUT/files/tuning.json"
 want recheck && step recheck "$PY" tools/recheck_candidate.py cifar10 conv2 "09 tiles weights_in=shared tpb=128 split=3 rows=4" --times 20
 want fcgemm && step fcgemm "$PY" tools/fc_gemm_timing.py --out "$OUT/files/fc_gemm"
-want winograd && step winograd "$PY" tools/winograd_timing.py --out "$OUT/files/winograd"
-want wexplore && step wexplore "$PY" tools/winograd_timing.py --explore --repeat 10 --out "$OUT/files/winograd"
+want winograd && step winograd "$PY" tools/conv_timing.py --kernels winograd --out "$OUT/files/winograd"
+want wexplore && step wexplore "$PY" tools/conv_timing.py --kernels winograd --explore --repeat 10 --out "$OUT/files/winograd"
+want tc && step tc "$PY" tools/conv_timing.py --kernels tf32x3 --out "$OUT/files/tc"
+want tcexplore && step tcexplore "$PY" tools/conv_timing.py --kernels tf32x3 --explore --repeat ${TC_REPEAT:-10} --out "$OUT/files/tc"
 want nb10 && step nb10 "$PY" tools/execute_solutions.py --gpu --out "$OUT/files/notebooks" 10
 want bench && step bench labkit bench ${BENCH_STAGES:+--stages $BENCH_STAGES} --nets ${BENCH_NETS:-cifar10,fashion,ece408} --repeat ${BENCH_REPEAT:-5} --budget ${BENCH_BUDGET:-2} \
   --per-image-max ${BENCH_PER_IMAGE_MAX:-1200} --skip '02 cpu_prange_reduction' --random-weights --out "$OUT/files/bench"

@@ -1,20 +1,22 @@
-"""Issue 24's conv timings: per conv layer, stage 09's tuned direct kernel beside the kit's Winograd F(2x2, 5x5).
+"""Issue 24's conv timings: per conv layer, stage 09's tuned direct kernel beside the kit's given convs one step past
+it: Winograd's F(2, 5) (``labkit.winograd``) and the 3xTF32 tensor-core conv (``labkit.tensor_cores``).
 
 For every conv layer of cifar10 (50000 and 1200 images), fashion (10000) and ece408 (10000), as stage 10 calls it
-(fused with its activation and pool), the stage-09 tuned function (its committed per-layer choice) and
-``lk.winograd.conv_winograd`` under every configuration (``CONFIGS``). Each is checked first: its output against
-numpy's float64 conv on the first ``CHECK_IMAGES`` images (relative error of the norm, as the kit's checks, at most
-1e-5) and, on every image, against the direct kernel's output; then timed with CUDA events around each call after
-warm-up calls (median and range of ``--repeat``). Inputs and weights are seeded random numbers of the layer's
-shapes. The fastest that passed is printed per layer; ``--out DIR`` writes ``DIR/winograd_timing.json``. Exit
-status 1 when a check failed. ``--explore`` times a grid of configurations (``explore_configs``) on every layer
-instead, with each kernel's registers and spilled bytes (``DIR/winograd_explore.json``).
+(fused with its activation and pool), the stage-09 tuned function (its committed per-layer choice) and each
+configuration (``CONFIGS``) of the kinds ``--kernels`` names. Each is checked first: its output against numpy's
+float64 conv on the first ``CHECK_IMAGES`` images (relative error of the norm, as the kit's checks, at most 1e-5) and,
+on every image, against the direct kernel's output; then timed with CUDA events around each call after warm-up
+calls (median and range of ``--repeat``). Inputs and weights are seeded random numbers of the layer's shapes. The
+fastest that passed is printed per layer; ``--out DIR`` writes ``DIR/conv_timing.json``. Exit status 1 when a check
+failed.
+``--explore`` times a grid of configurations (``explore_configs``) on every layer instead, with each kernel's
+registers and spilled bytes (``DIR/conv_explore.json``).
 
 ``--quick`` (no GPU: the simulator and the CPU emulation of CUDA C) runs the layers of the shrunk nets on 3 images,
 for correctness only.
 
-    python3 tools/winograd_timing.py --out results/some-folder
-    python3 tools/winograd_timing.py --quick
+    python3 tools/conv_timing.py --kernels tf32x3 --out results/some-folder
+    python3 tools/conv_timing.py --quick
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import labkit as lk  # noqa: E402  (sets up numba: the simulator when there is no GPU)
-from labkit import device, gpu, layers, reference, stages, winograd  # noqa: E402
+from labkit import device, gpu, layers, reference, stages, tensor_cores, winograd  # noqa: E402
 from labkit.nets import get_net, layer_output_shape as output_shape  # noqa: E402
 
 MAX_REL_ERROR = 1e-5
@@ -40,6 +42,14 @@ CHECK_IMAGES = 64
 WORKLOADS = (("cifar10", 50000), ("cifar10", 1200), ("fashion", 10000), ("ece408", 10000))
 QUICK = (("cifar10", 3), ("fashion", 3))
 FUSE = ("relu", "tanh", "pool")
+#: the given convs a run can time beside the direct kernel: their module, its conv function and its kernel's name
+KINDS = {"winograd": (winograd, "conv_winograd", "wino_conv"), "tf32x3": (tensor_cores, "conv_tf32x3", "conv_tf32x3")}
+
+
+def given_conv(kind: str):
+    """The kind's conv function, looked up at each call (a test may replace it)."""
+    mod, name, _ = KINDS[kind]
+    return lambda *a, **k: getattr(mod, name)(*a, **k)
 
 
 def rel_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -91,15 +101,19 @@ def layer_inputs(images: int, group, shape, rng, bias: bool = True):
     return x, w, b, (images, *group_shape(group, shape))
 
 
-def candidates(net_name: str, group) -> list[tuple[str, object]]:
+DIRECT = "09 tuned (direct)"
+
+
+def candidates(net_name: str, group, kinds=tuple(KINDS)) -> list[tuple[str, object]]:
     impls = direct_impls(net_name)
-    rows = [("09 tuned (direct)", layers.impl_for(impls, group[0]))]
-    for name in winograd.CONFIGS:
-        rows.append((f"winograd {name}", lambda *a, name=name: winograd.conv_winograd(*a, config=name)))
+    rows = [(DIRECT, layers.impl_for(impls, group[0]))]
+    for kind in kinds:
+        fn = given_conv(kind)
+        rows += [(f"{kind} {name}", lambda *a, fn=fn, name=name: fn(*a, config=name)) for name in KINDS[kind][0].CONFIGS]
     return rows
 
 
-def run(quick: bool, repeat: int, warmup: int, say=print) -> tuple[list[dict], list[str], dict]:
+def run(quick: bool, repeat: int, warmup: int, say=print, kinds=tuple(KINDS)) -> tuple[list[dict], list[str], dict]:
     rows, failures, choices = [], [], {}
     for net_name, images in QUICK if quick else WORKLOADS:
         net = lk.simulator.net(net_name) if quick else get_net(net_name)
@@ -115,7 +129,7 @@ def run(quick: bool, repeat: int, warmup: int, say=print) -> tuple[list[dict], l
             out = gpu.to_device(np.zeros(shape_out, np.float32))
             say(f"{net_name} {conv.name}, {images} images: {x.shape[1:]} -> {shape_out[1:]}")
             direct_out, best = None, None
-            for label, fn in candidates(net_name, group):
+            for label, fn in candidates(net_name, group, kinds):
                 row = {"net": net_name, "images": images, "layer": conv.name, "kernel": label}
                 rows.append(row)
                 try:
@@ -148,19 +162,23 @@ def run(quick: bool, repeat: int, warmup: int, say=print) -> tuple[list[dict], l
                                                            f"{t['max_ms']:.3f}, {t['runs']} runs)" if t else
                                                            "  (checked)"))
             if best is not None:
-                choice[conv.name] = best[0].removeprefix("winograd ") if best[0].startswith("winograd") else None
+                choice[conv.name] = None if best[0] == DIRECT else best[0]
             del xd, wd, bd, out
             gpu.release_buffers()
     return rows, failures, choices
 
 
 #: ``--explore``: every conv layer of the issue's workloads under a grid of configurations
-def explore_configs() -> list:
-    return [winograd.Config(f"mg{mg} t{threads} minb{minb}", mg=mg, threads=threads, min_blocks=minb)
-            for mg in (4, 8, 16) for threads in (128, 256) for minb in (1, 2)]
+def explore_configs(kind: str) -> list:
+    if kind == "winograd":
+        return [winograd.Config(f"mg{mg} t{threads} minb{minb}", mg=mg, threads=threads, min_blocks=minb)
+                for mg in (4, 8, 16) for threads in (128, 256) for minb in (1, 2)]
+    shapes = ((4, 2, 1), (4, 4, 1), (8, 2, 1), (4, 2, 2), (4, 4, 2))
+    return [tensor_cores.config_named(f"w{w} mt{mt} i{i} r0" + " bpre" * b + " apre" * a)
+            for w, mt, i in shapes for b in (0, 1) for a in (0, 1)]
 
 
-def explore(repeat: int, warmup: int, say=print) -> list[dict]:
+def explore(repeat: int, warmup: int, say=print, kinds=tuple(KINDS)) -> list[dict]:
     """Every configuration of ``explore_configs`` on every conv layer of ``WORKLOADS``: registers, spills, time."""
     rows = []
     for net_name, images, group, shape in ((n, i, g, s) for n, i in WORKLOADS for g, s in conv_groups(get_net(n))):
@@ -176,25 +194,27 @@ def explore(repeat: int, warmup: int, say=print) -> list[dict]:
         say(f"{net_name} {layer} {images}: direct {1e3 * m.median:.3f} ms")
         rows.append({"net": net_name, "images": images, "layer": layer, "kernel": "09 tuned (direct)",
                      "median_ms": 1e3 * m.median})
-        for cfg in explore_configs():
-            row = {"net": net_name, "images": images, "layer": layer, "kernel": cfg.name}
+        for kind, cfg in ((k, c) for k in kinds for c in explore_configs(k)):
+            mod, _, kernel_name = KINDS[kind]
+            fn = given_conv(kind)
+            row = {"net": net_name, "images": images, "layer": layer, "kernel": f"{kind} {cfg.name}"}
             rows.append(row)
             try:
-                p = winograd.plan_for(xd, wd, conv.pad, 1, act, pool, cfg)
+                p = mod.plan_for(xd, wd, conv.pad, 1, act, pool, cfg)
                 gpu.poison(out)
-                winograd.conv_winograd(xd, wd, bd, out, conv.pad, 1, act, pool, config=cfg)
+                fn(xd, wd, bd, out, conv.pad, 1, act, pool, config=cfg)
                 err = rel_error(gpu.as_host(out), ref)
-                k = winograd.module(p.macros()).get_function("wino_conv")
+                k = mod.module(p.macros()).get_function(kernel_name)
                 attrs = getattr(k, "attributes", {}) or {}
                 row.update(rel_error=err, regs=attrs.get("num_regs"), local=attrs.get("local_size_bytes"))
-                m = lk.measure(winograd.conv_winograd, xd, wd, bd, out, conv.pad, 1, act, pool, config=cfg,
-                               warmup=warmup, repeat=repeat)
+                m = lk.measure(fn, xd, wd, bd, out, conv.pad, 1, act, pool, config=cfg, warmup=warmup,
+                               repeat=repeat)
                 row["median_ms"] = 1e3 * m.median
-                say(f"  {cfg.name:<20} regs {row['regs']} local {row['local']} err {err:.1e}  "
+                say(f"  {row['kernel']:<28} regs {row['regs']} local {row['local']} err {err:.1e}  "
                     f"{1e3 * m.median:8.3f} ms")
             except Exception as exc:  # noqa: BLE001
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-                say(f"  {cfg.name:<28} ERROR {row['error']}")
+                say(f"  {row['kernel']:<28} ERROR {row['error']}")
         del xd, wd, bd, out
         gpu.release_buffers()
     return rows
@@ -203,32 +223,40 @@ def explore(repeat: int, warmup: int, say=print) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the shrunk nets on 3 images, correctness only")
+    ap.add_argument("--kernels", default="tf32x3,winograd",
+                    help=f"the given convs to time beside the direct kernel, comma-separated: {', '.join(KINDS)}")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", type=Path, help="folder for winograd_timing.json")
-    ap.add_argument("--explore", action="store_true", help="a grid of configurations on the layers that can pay")
+    ap.add_argument("--out", type=Path, help="folder for conv_timing.json (conv_explore.json with --explore)")
+    ap.add_argument("--explore", action="store_true", help="a grid of configurations on every layer")
     args = ap.parse_args(argv)
+    kinds = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        print(f"conv_timing: unknown --kernels {', '.join(unknown) or '(none)'}; choose from {', '.join(KINDS)}",
+              file=sys.stderr)
+        return 2
     info = device.info()
     if not args.quick and info.kind != "gpu":
-        print("winograd_timing: no GPU here; --quick checks the kernels on the shrunk nets", file=sys.stderr)
+        print("conv_timing: no GPU here; --quick checks the kernels on the shrunk nets", file=sys.stderr)
         return 2
     print(f"device: {info.name}; CUDA C: {'CPU emulation' if gpu.cuda_c_on_cpu() else 'cupy'}")
+    stamp = {"date": dt.datetime.now().isoformat(timespec="seconds"), "device": info.name,
+             "command": "python3 tools/conv_timing.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     if args.explore:
-        rows = explore(args.repeat, args.warmup)
+        rows = explore(args.repeat, args.warmup, kinds=kinds)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "winograd_explore.json").write_text(json.dumps({"device": info.name, "rows": rows}, indent=1))
+            (args.out / "conv_explore.json").write_text(json.dumps({**stamp, "rows": rows}, indent=1) + "\n")
         return 0
-    rows, failures, choices = run(args.quick, args.repeat, args.warmup)
-    stamp = {"date": dt.datetime.now().isoformat(timespec="seconds"), "device": info.name,
-             "command": "python3 tools/winograd_timing.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    rows, failures, choices = run(args.quick, args.repeat, args.warmup, kinds=kinds)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         data = {**stamp, "quick": args.quick, "repeat": args.repeat, "warmup": args.warmup,
                 "max_rel_error": MAX_REL_ERROR, "rows": rows, "failures": failures, "choices": choices}
-        (args.out / "winograd_timing.json").write_text(json.dumps(data, indent=1) + "\n")
+        (args.out / "conv_timing.json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"{len(rows)} rows, {len(failures)} failed" + "".join(f"\n  {f}" for f in failures))
-    print("fastest per layer (a winograd configuration, or null for the direct kernel): " + json.dumps(choices))
+    print("fastest per layer (a given conv's configuration, or null for the direct kernel): " + json.dumps(choices))
     return 1 if failures else 0
 
 

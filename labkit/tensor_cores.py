@@ -1,0 +1,403 @@
+"""A 5 x 5 conv on the tensor cores at fp32's accuracy (3xTF32), in CUDA C: the kit's conv one step past FMA.
+
+Stage 09's direct register tiles run cifar10's convs at about 60 per cent of an H100's fp32 FMA peak, and Winograd's
+fewer multiplies did not pay here (``labkit.winograd``). The tensor cores multiply TF32 numbers (fp32 with a
+10-bit mantissa) several times faster than the FMA units; alone they would round every product to about 1e-3. The
+3xTF32 split (used by CUTLASS for fp32 GEMMs) keeps fp32's accuracy: each fp32 value is its TF32 rounding plus the
+TF32 rounding of what is left,
+
+    a = a_big + a_small,     a * b  ~  a_big * b_big + a_big * b_small + a_small * b_big
+
+with fp32 accumulation; the dropped a_small * b_small is about 2^-22 of the product. Inputs, weights, sums and
+outputs stay fp32; ``tests/test_tensor_cores.py`` bounds the error against float64 beside the direct kernel's.
+
+The conv is an implicit GEMM: D[pixel, map] = sum over k = (channel, row, column) of A[pixel, k] W[map, k], A read
+straight from the input window in shared memory (no im2col array). A warp owns ``mt`` tiles of 16 pixels and every
+map (in tiles of 8: ``mma.sync.m16n8k8``), three MMAs per 8 k's. A block stages ``imgs`` padded input images and the
+weights (in the order of the MMA's B fragment) once, then walks its pixel tiles. With a 2 x 2 pool, a tile's 16
+pixels are four pool windows laid out so that each thread holds two of a window's four sums and its neighbour
+lane the other two: one shuffle pools them, and the pooled output goes out with its bias and activation.
+
+On a machine without a GPU it runs on the CPU emulation of CUDA C (``labkit.cudacpu``): TF32 rounding and the
+warp's MMA and shuffle are emulated in the source (a warp's fragments meet in shared memory), the rest is the same
+code.
+
+Measured on an H100 (``results/h100-2026-11-26d``, ``tools/conv_timing.py --kernels tf32x3``): right everywhere, to
+1e-6 to 4e-6 of the float64 conv (the direct kernels: about 1e-7; the MMA's fp32 sums are not rounded as FMA's are),
+and at 0.42 to 1.33 times the speed of stage 09's direct register tiles per layer: 1.07 and 1.12 on cifar10's conv1
+and conv2 at 50000 images, 1.16 on fashion's conv2, 1.33 on ece408's; slower on the one-channel first layers and on
+cifar10's conv3. Rounding the parts to nearest (``cvt.rna``) cost 25 to 50 per cent over the mask. The arithmetic
+says why it stops there: an H100's ``mma.sync`` runs TF32 at a fraction of the Hopper tensor cores' peak (which
+needs the asynchronous warpgroup MMA), and three products for every fp32 one leave about the FMA units' own rate,
+while every value still takes shared-memory loads and integer work a direct tile does not. Stage 10 keeps the
+direct kernels; the module stays as the measured record of the step and the place to take it further (wgmma).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import gpu
+
+R = 5
+
+SOURCE = r"""
+#define K_REAL (C * R * R)
+#define KSTEPS ((K_REAL + 7) / 8)
+#define NT ((M + 7) / 8)
+#define WH (H + 2 * PAD)
+#define WW (W + 2 * PAD)
+#define WIN (WH * WW)
+#define HO (WH - R + 1)
+#define WO (WW - R + 1)
+#define HP (P == 2 ? HO / 2 : HO)
+#define WP (P == 2 ? WO / 2 : WO)
+// a tile is 16 conv outputs: 16 pixels, or 4 pool windows of 4
+#define PER_TILE (P == 2 ? 4 : 16)
+#define SPOTS (IMGS * HP * WP)
+#define TILES ((SPOTS + PER_TILE - 1) / PER_TILE)
+#define THREADS (WARPS * 32)
+#define PASSES ((TILES + WARPS * MT - 1) / (WARPS * MT))
+#define WF_FLOATS (KSTEPS * NT * 32 * (BPRE ? 4 : 2))
+#define XS_FLOATS (IMGS * C * WIN)
+#define SMEM_FLOATS (WF_FLOATS + KSTEPS * 8 + XS_FLOATS * (APRE ? 2 : 1))
+
+extern "C" {
+
+__device__ __forceinline__ float activate(float v) { return ACT == 1 ? fmaxf(v, 0.0f) : ACT == 2 ? tanhf(v) : v; }
+
+#ifdef __CUDACC__
+extern __shared__ __align__(16) float smem[];
+
+// TF32 rounding to nearest (a conversion instruction), or toward zero (one AND on the integer pipe)
+__device__ __forceinline__ unsigned to_tf32(float v) {
+    unsigned r;
+    if (ROUND)
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    else
+        r = __float_as_uint(v) & 0xffffe000u;
+    return r;
+}
+__device__ __forceinline__ float as_float(unsigned u) { return __uint_as_float(u); }
+// d += a b over one 16 x 8 x 8 tile; a's, b's and d's elements are spread over the warp's lanes
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float xor4(float v) { return __shfl_xor_sync(0xffffffffu, v, 4); }
+#else
+// the CPU emulation: the same operations on a CPU, every lane of a block's warps calling them together
+struct __align__(8) float2 { float x, y; };  // the emulation has no vector types
+struct __align__(16) uint4 { unsigned x, y, z, w; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+__shared__ __align__(16) float smem[SMEM_FLOATS];
+
+static inline unsigned as_bits(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+// cvt.rna.tf32.f32 (round to nearest, ties away from zero, to 10 mantissa bits), or the mask (toward zero)
+static inline unsigned to_tf32(float v) { return ROUND ? (as_bits(v) + 0x1000u) & 0xffffe000u : as_bits(v) & 0xffffe000u; }
+
+static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    __shared__ unsigned emu_a[THREADS][4];
+    __shared__ unsigned emu_b[THREADS][2];
+    int me = threadIdx.x, base = me & ~31, g = (me & 31) >> 2, t = me & 3;
+    for (int i = 0; i < 4; ++i) emu_a[me][i] = a[i];
+    emu_b[me][0] = b0;
+    emu_b[me][1] = b1;
+    __syncthreads();
+    for (int r = 0; r < 4; ++r) {
+        int row = g + 8 * (r >> 1), col = 2 * t + (r & 1);
+        float s = d[r];
+        for (int k = 0; k < 8; ++k) {
+            // A[row][k] is lane (row % 8, k % 4)'s register (row / 8) + 2 (k / 4); B[k][col] lane (col, k % 4)'s k / 4
+            float av = as_float(emu_a[base + (row % 8) * 4 + k % 4][row / 8 + 2 * (k / 4)]);
+            float bv = as_float(emu_b[base + col * 4 + k % 4][k / 4]);
+            s += av * bv;
+        }
+        d[r] = s;
+    }
+    __syncthreads();
+}
+
+static float xor4(float v) {
+    __shared__ float emu_v[THREADS];
+    emu_v[threadIdx.x] = v;
+    __syncthreads();
+    float other = emu_v[threadIdx.x ^ 4];
+    __syncthreads();
+    return other;
+}
+#endif
+
+// fp32 v as two TF32 numbers: big + small == v to about 2^-22 of v
+__device__ __forceinline__ void split(float v, unsigned& big, unsigned& small) {
+    big = to_tf32(v);
+    small = to_tf32(v - as_float(big));
+}
+
+// where in the staged window row r of a tile (0..15) reads its pixel: 16 pixels, or 4 pool windows of 4
+__device__ __forceinline__ int pixel_offset(int tile, int r) {
+    int spot = tile * PER_TILE + (P == 2 ? (r & 7) >> 1 : r);
+    if (spot >= SPOTS) spot = 0;  // a tile past the last: computed, never stored
+    int img = spot / (HP * WP), q = spot % (HP * WP);
+    int oy = q / WP, ox = q % WP;
+    if (P == 2) {
+        oy = 2 * oy + (r >> 3);
+        ox = 2 * ox + (r & 1);
+    }
+    return img * C * WIN + oy * WW + ox;
+}
+
+__global__ void __launch_bounds__(THREADS, MINB)
+conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+            float* __restrict__ out, int N) {
+    // [kstep][map tile][lane]: the lane's two B values, or (BPRE) their TF32 parts, big and small
+    float2* wf = reinterpret_cast<float2*>(smem);
+    uint4* wp = reinterpret_cast<uint4*>(smem);
+    int* koff = reinterpret_cast<int*>(smem + WF_FLOATS);  // k -> its offset in an image's window
+    float* xs = smem + WF_FLOATS + KSTEPS * 8;  // [image][channel][row][column], zero-padded
+    unsigned* xsu = reinterpret_cast<unsigned*>(xs);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+
+    for (int i = tid; i < KSTEPS * NT * 32; i += THREADS) {
+        int l = i & 31, m = (i >> 5) % NT * 8 + (l >> 2), k = i / (NT * 32) * 8 + (l & 3);
+        float b0 = (m < M && k < K_REAL) ? w[m * K_REAL + k] : 0.0f;
+        float b1 = (m < M && k + 4 < K_REAL) ? w[m * K_REAL + k + 4] : 0.0f;
+        if (BPRE) {
+            uint4 v;
+            split(b0, v.x, v.z);
+            split(b1, v.y, v.w);
+            wp[i] = v;
+        } else {
+            wf[i] = make_float2(b0, b1);
+        }
+    }
+    for (int k = tid; k < KSTEPS * 8; k += THREADS) {
+        int c = k / (R * R), p = k % (R * R) / R, q = k % R;
+        koff[k] = k < K_REAL ? c * WIN + p * WW + q : 0;  // past K: any pixel, its weight is 0
+    }
+
+    for (int group = blockIdx.x; group * IMGS < N; group += gridDim.x) {
+        const int n0 = group * IMGS;
+        __syncthreads();  // the previous group's reads of xs are done (and, the first time, wf and koff are in)
+        for (int i = tid; i < XS_FLOATS; i += THREADS) {
+            int img = i / (C * WIN), rest = i % (C * WIN), c = rest / WIN, r = rest % WIN / WW - PAD,
+                s = rest % WW - PAD, n = n0 + img;
+            float v = (n < N && r >= 0 && r < H && s >= 0 && s < W) ? x[((size_t)(n * C + c) * H + r) * W + s] : 0.0f;
+            if (APRE) {  // the TF32 parts, big then (XS_FLOATS on) small, split once here instead of at every use
+                unsigned big, small;
+                split(v, big, small);
+                xsu[i] = big;
+                xsu[XS_FLOATS + i] = small;
+            } else {
+                xs[i] = v;
+            }
+        }
+        __syncthreads();
+
+        for (int pass = 0; pass < PASSES; ++pass) {
+            const int tile0 = (pass * WARPS + warp) * MT;
+            int off[MT][2];
+            float acc[MT][NT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                off[mt][0] = pixel_offset(tile0 + mt, g);
+                off[mt][1] = pixel_offset(tile0 + mt, g + 8);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
+            }
+#pragma unroll 2
+            for (int ks = 0; ks < KSTEPS; ++ks) {
+                const int k0 = koff[ks * 8 + t], k1 = koff[ks * 8 + t + 4];
+                unsigned bb[NT][2], bs[NT][2];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    if (BPRE) {
+                        uint4 v = wp[(ks * NT + nt) * 32 + lane];
+                        bb[nt][0] = v.x, bb[nt][1] = v.y, bs[nt][0] = v.z, bs[nt][1] = v.w;
+                    } else {
+                        float2 v = wf[(ks * NT + nt) * 32 + lane];
+                        split(v.x, bb[nt][0], bs[nt][0]);
+                        split(v.y, bb[nt][1], bs[nt][1]);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    unsigned ab[4], as[4];
+                    const int at[4] = {off[mt][0] + k0, off[mt][1] + k0, off[mt][0] + k1, off[mt][1] + k1};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (APRE) {
+                            ab[e] = xsu[at[e]];
+                            as[e] = xsu[XS_FLOATS + at[e]];
+                        } else {
+                            split(xs[at[e]], ab[e], as[e]);
+                        }
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {  // the small terms first: they are the smallest
+                        mma(acc[mt][nt], as, bb[nt][0], bb[nt][1]);
+                        mma(acc[mt][nt], ab, bs[nt][0], bs[nt][1]);
+                        mma(acc[mt][nt], ab, bb[nt][0], bb[nt][1]);
+                    }
+                }
+            }
+            // the epilogue: lane (g, t) holds rows g and g + 8, maps nt * 8 + 2t and + 1
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int tile = tile0 + mt;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int m = nt * 8 + 2 * t + e;
+                        if (P == 2) {
+                            // rows g and g + 8 are a window's two rows; lane g ^ 1 (lane ^ 4) has its other column
+                            float v = fmaxf(acc[mt][nt][e], acc[mt][nt][e + 2]);
+                            v = fmaxf(v, xor4(v));
+                            int spot = tile * PER_TILE + (g >> 1), img = spot / (HP * WP), n = n0 + img;
+                            if ((g & 1) == 0 && m < M && spot < SPOTS && n < N)
+                                out[((size_t)n * M + m) * (HP * WP) + spot % (HP * WP)] = activate(v + b[m]);
+                        } else {
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                int spot = tile * PER_TILE + g + 8 * h, img = spot / (HP * WP), n = n0 + img;
+                                if (m < M && spot < SPOTS && n < N)
+                                    out[((size_t)n * M + m) * (HP * WP) + spot % (HP * WP)] =
+                                        activate(acc[mt][nt][e + 2 * h] + b[m]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+}
+"""
+
+
+@dataclass(frozen=True)
+class Config:
+    """How a block works: ``warps`` warps of ``mt`` 16-pixel tiles each at a time, over ``imgs`` staged images;
+    ``minb`` blocks a multiprocessor should hold (the register budget ``__launch_bounds__`` gives); ``round``: the
+    TF32 parts rounded to nearest (a conversion instruction each), else toward zero (one AND; each part's error
+    twice as large); ``bpre``, ``apre``: the weights' (the staged images') parts split once into shared memory
+    (twice the room) instead of at every use."""
+
+    name: str
+    warps: int = 4
+    mt: int = 2
+    imgs: int = 1
+    minb: int = 2
+    round: int = 1
+    bpre: int = 0
+    apre: int = 0
+
+
+#: the configurations a GPU run compares (``tools/conv_timing.py``): the default (parts rounded to nearest), and
+#: the fastest of an H100 grid on some layer (``results/h100-2026-11-26d/conv_explore.json``)
+CONFIGS = {c.name: c for c in (
+    Config("w4 mt2 i1"),
+    Config("w4 mt4 i1 r0 bpre", mt=4, round=0, bpre=1),
+    Config("w8 mt2 i1 r0 bpre", warps=8, round=0, bpre=1),
+    Config("w8 mt2 i1 r0 apre", warps=8, round=0, apre=1),
+    Config("w4 mt2 i2 r0", imgs=2, round=0),
+    Config("w4 mt4 i2 r0 bpre", mt=4, imgs=2, round=0, bpre=1),
+)}
+DEFAULT = "w4 mt2 i1"
+#: shared memory a block may have on an H100 (227 KB of the multiprocessor's 228)
+SHARED_LIMIT = 227 * 1024
+#: at most this many blocks a multiprocessor in a grid; a block takes the next staged group until none is left
+BLOCKS_PER_SM = 16
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: Config
+    C: int
+    M: int
+    H: int
+    W: int
+    pad: int
+    act: int
+    pool: int
+
+    @property
+    def shared_bytes(self) -> int:
+        ksteps, nt = -(-self.C * R * R // 8), -(-self.M // 8)
+        window = (self.H + 2 * self.pad) * (self.W + 2 * self.pad)
+        return 4 * (ksteps * nt * 32 * (4 if self.config.bpre else 2) + ksteps * 8
+                    + self.config.imgs * self.C * window * (2 if self.config.apre else 1))
+
+    def macros(self) -> tuple[str, ...]:
+        c = self.config
+        values = dict(C=self.C, M=self.M, H=self.H, W=self.W, PAD=self.pad, R=R, ACT=self.act,
+                      P=2 if self.pool else 1, WARPS=c.warps, MT=c.mt, IMGS=c.imgs, MINB=c.minb, ROUND=c.round, BPRE=c.bpre, APRE=c.apre)
+        return tuple(f"-D{k}={v}" for k, v in values.items())
+
+
+@functools.cache
+def module(macros: tuple[str, ...]):
+    """The compiled source for one plan (a cupy RawModule on a GPU, else the CPU emulation's)."""
+    return gpu.raw_module(SOURCE, macros)
+
+
+def plan_for(x, w, pad: int, stride: int, act: int, pool: int, config: str | Config = DEFAULT) -> Plan:
+    """The plan of a call, or a one-line refusal of what the kernel does not do."""
+    c = CONFIGS[config] if isinstance(config, str) else config
+    n, ch, h, wd = x.shape
+    if tuple(w.shape[1:]) != (ch, R, R) or stride != 1:
+        raise ValueError(f"conv_tf32x3: takes 5 x 5 filters at stride 1 over the input's {ch} channels (got "
+                         f"weights {tuple(w.shape)}, stride {stride}): use a direct conv there")
+    if pool not in (0, 2):
+        raise ValueError(f"conv_tf32x3: a fused pool must be 2 x 2, not {pool}")
+    p = Plan(c, ch, int(w.shape[0]), h, wd, pad, act, pool)
+    if p.shared_bytes > SHARED_LIMIT:
+        raise ValueError(f"conv_tf32x3: {c.imgs} staged image(s) and the weights need {p.shared_bytes} bytes of "
+                         f"shared memory a block, over {SHARED_LIMIT}: use a configuration with fewer images")
+    return p
+
+
+def _multiprocessors() -> int:
+    from .gemm_cuda import multiprocessors
+
+    return multiprocessors()
+
+
+def conv_tf32x3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int = 0,
+                config: str | Config = DEFAULT) -> None:
+    """A conv layer function (the fused conv convention: device arrays x (N, C, H, W), w (M, C, 5, 5), b (M,),
+    out) on the tensor cores with the 3xTF32 split."""
+    p = plan_for(x, w, pad, stride, act, pool, config)
+    kernel = module(p.macros()).get_function("conv_tf32x3")
+    n = int(x.shape[0])
+    groups = -(-n // p.config.imgs)
+    grid = max(1, min(groups, BLOCKS_PER_SM * _multiprocessors()))
+    if gpu.cuda_c_on_cpu():  # the emulation's shared array has its size in the source
+        gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)))
+        return
+    if getattr(kernel, "max_dynamic_shared_size_bytes", None) != p.shared_bytes:
+        kernel.max_dynamic_shared_size_bytes = p.shared_bytes
+    gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)), shared_bytes=p.shared_bytes)
+
+
+def config_named(name: str) -> Config:
+    """A configuration by its name: one of ``CONFIGS``, or ``w<warps> mt<tiles> i<images> [r<round>]``."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: r([01]))?( bpre)?( apre)?", name.strip())
+    if not found:
+        raise ValueError(f"tensor_cores: no configuration {name!r}; name one of {', '.join(CONFIGS)} or "
+                         f"'w<warps> mt<tiles> i<images> r<0|1> [bpre] [apre]'")
+    w, mt, i, r, bpre, apre = found.groups()
+    return Config(name, warps=int(w), mt=int(mt), imgs=int(i), round=int(r or 1), bpre=int(bool(bpre)),
+                  apre=int(bool(apre)))

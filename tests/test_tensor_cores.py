@@ -1,0 +1,90 @@
+"""labkit.tensor_cores, the kit's 3xTF32 tensor-core conv in CUDA C (the CPU emulation here, cupy on a GPU): every
+configuration equals the float64 conv with its fused activation and pool to fp32's accuracy on odd shapes, poisoned
+outputs, a block walking several image groups, and a last group with fewer images; the split's small parts are what
+make it so (without them the same comparison fails); the kit's group check passes it; what it does not do is refused
+in one line."""
+
+import numpy as np
+import pytest
+
+from labkit import check, gpu, layers, simulator, stages, tensor_cores
+
+from conv_cases import CASES, case, expected  # noqa: E402  (tests/ is on the path)
+
+pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=stages.unavailable(("cuda_c",)) or "")
+
+#: one and two warps, one tile each, parts rounded toward zero: tiles cross images and windows overhang
+SMALL = (tensor_cores.Config("tiny", warps=1, mt=1, imgs=2, round=0, bpre=1),
+         tensor_cores.Config("two", warps=2, mt=3, apre=1), tensor_cores.config_named("w2 mt2 i3 r0 bpre apre"))
+CONFIGS = [*tensor_cores.CONFIGS.values(), *SMALL]
+#: fp32's accuracy on these sums: a direct fp32 conv's own error here is about 1e-7
+MAX_ERROR = 2e-6
+
+
+def _run(x, w, b, pad, act, pool, config=tensor_cores.DEFAULT, shape=None):
+    out = gpu.to_device(np.full(shape, np.nan, np.float32))  # poisoned: an unwritten output stays NaN
+    tensor_cores.conv_tf32x3(gpu.to_device(x), gpu.to_device(w), gpu.to_device(b), out, pad, 1, act, pool,
+                             config=config)
+    return gpu.as_host(out)
+
+
+def _error(got, want):
+    assert np.isfinite(got).all(), f"{np.count_nonzero(~np.isfinite(got))} outputs unwritten"
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("case_", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_every_configuration_is_the_reference_conv(config, case_):
+    n, c, h, wd, m, pad, act, pool = case_
+    x, w, b = case(sum(case_), n, c, h, wd, m)
+    want = expected(x, w, b, pad, act, pool)
+    error = _error(_run(x, w, b, pad, act, pool, config, want.shape), want)
+    assert error < MAX_ERROR, f"relative error {error:.2e}"
+
+
+def test_one_block_walks_every_group(monkeypatch):
+    """The grid is capped at BLOCKS_PER_SM blocks a multiprocessor; a block then takes group after group."""
+    monkeypatch.setattr(tensor_cores, "BLOCKS_PER_SM", 0)  # a grid of one block
+    x, w, b = case(3, 7, 3, 8, 8, 5)
+    want = expected(x, w, b, 2, 1, 2)
+    assert _error(_run(x, w, b, 2, 1, 2, tensor_cores.CONFIGS["w4 mt2 i2 r0"], want.shape), want) < MAX_ERROR
+
+
+def test_without_the_small_parts_the_comparison_fails(monkeypatch):
+    """Plain TF32 (each value its 10-bit rounding only) is what the split corrects: the tests' bound must tell."""
+    plain = tensor_cores.SOURCE.replace("small = to_tf32(v - as_float(big));", "small = 0u;")
+    assert plain != tensor_cores.SOURCE
+    monkeypatch.setattr(tensor_cores, "SOURCE", plain)
+    tensor_cores.module.cache_clear()
+    try:
+        x, w, b = case(5, 2, 6, 9, 9, 12)
+        want = expected(x, w, b, 2, 0, 0)
+        assert _error(_run(x, w, b, 2, 0, 0, shape=want.shape), want) > 10 * MAX_ERROR
+    finally:
+        tensor_cores.module.cache_clear()
+
+
+def test_the_kits_group_check_passes_it_on_the_simulator_net():
+    net = simulator.net("cifar10")
+    group = layers.groups(list(net.layers), ("relu", "pool"))[0]
+    result = check.check_group(tensor_cores.conv_tf32x3, net, group, arrays="device", quiet=True)
+    assert result.passed, str(result)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(w=(4, 3, 3, 3)), "5 x 5 filters"), (dict(stride=2), "stride 2"), (dict(pool=3), "2 x 2"),
+    (dict(x=(1, 64, 70, 70), w=(24, 64, 5, 5), config="w4 mt4 i2 r0 bpre"), "fewer images")])
+def test_what_it_does_not_do_is_refused_in_one_line(bad, words):
+    x = np.zeros(bad.get("x", (1, 3, 8, 8)), np.float32)
+    w = np.zeros(bad.get("w", (4, 3, 5, 5)), np.float32)
+    with pytest.raises(ValueError, match=words) as err:
+        tensor_cores.plan_for(x, w, 0, bad.get("stride", 1), 0, bad.get("pool", 0), bad.get("config", "w4 mt2 i1"))
+    assert "\n" not in str(err.value)
+
+
+def test_a_configuration_name_that_means_nothing_is_refused_in_one_line():
+    assert tensor_cores.config_named("w8 mt2 i4 r0") == tensor_cores.Config("w8 mt2 i4 r0", warps=8, mt=2, imgs=4, round=0)
+    with pytest.raises(ValueError, match="no configuration") as err:
+        tensor_cores.config_named("fast please")
+    assert "\n" not in str(err.value)
