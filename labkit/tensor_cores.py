@@ -47,7 +47,9 @@ R = 5
 
 SOURCE = r"""
 #define K_REAL (C * R * R)
-#define KSTEPS ((K_REAL + 7) / 8)
+// k's an MMA takes: 8 (TF32, m16n8k8) or 16 (F16: fp16 halves, m16n8k16)
+#define KS (F16 ? 16 : 8)
+#define KSTEPS ((K_REAL + KS - 1) / KS)
 #define NT ((M + 7) / 8)
 #define WH (H + 2 * PAD)
 #define WW (W + 2 * PAD)
@@ -62,13 +64,17 @@ SOURCE = r"""
 #define TILES ((SPOTS + PER_TILE - 1) / PER_TILE)
 #define THREADS (WARPS * 32)
 #define PASSES ((TILES + WARPS * MT - 1) / (WARPS * MT))
-#define WF_FLOATS (KSTEPS * NT * 32 * (BPRE ? 4 : 2))
+#define WF_FLOATS (KSTEPS * NT * 32 * (BPRE || F16 ? 4 : 2))
 #define XS_FLOATS (IMGS * C * WIN)
-#define SMEM_FLOATS (WF_FLOATS + KSTEPS * 8 + XS_FLOATS * (APRE ? 2 : 1))
+#define SMEM_FLOATS (WF_FLOATS + KSTEPS * KS + XS_FLOATS * (APRE ? 2 : 1))
+// F16: the small parts are kept 2^11 times larger (fp16's range), their sums scaled back at the end
+#define LO_SCALE 2048.0f
 
 extern "C" {
 
-__device__ __forceinline__ float activate(float v) { return ACT == 1 ? fmaxf(v, 0.0f) : ACT == 2 ? tanhf(v) : v; }
+// a NaN stays a NaN through the activation and the pool (fmaxf would drop it): an F16 input out of range shows
+__device__ __forceinline__ float activate(float v) { return ACT == 1 ? (v != v ? v : fmaxf(v, 0.0f)) : ACT == 2 ? tanhf(v) : v; }
+__device__ __forceinline__ float max_nan(float a, float b) { return (a != a || a > b) ? a : b; }
 
 #ifdef __CUDACC__
 extern __shared__ __align__(16) float smem[];
@@ -91,10 +97,27 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ float xor4(float v) { return __shfl_xor_sync(0xffffffffu, v, 4); }
+// two floats as fp16 halves (round to nearest even), lo in the low 16 bits; and back
+__device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ void unpack_h2(unsigned d, float& lo, float& hi) {
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(d));
+}
+// d += a b over one 16 x 8 x 16 tile of fp16 halves, fp32 sums
+__device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 #else
 // the CPU emulation: the same operations on a CPU, every lane of a block's warps calling them together
 struct __align__(8) float2 { float x, y; };  // the emulation has no vector types
 struct __align__(16) uint4 { unsigned x, y, z, w; };
+struct __align__(8) int2 { int x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 __shared__ __align__(16) float smem[SMEM_FLOATS];
 
@@ -125,6 +148,61 @@ static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
     __syncthreads();
 }
 
+// fp16 by hand: round to nearest even, subnormals, overflow to infinity (cvt.rn.f16.f32); and back
+static unsigned f2h(float f) {
+    unsigned x = as_bits(f), sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
+    int e = (int)((x >> 23) & 0xff);
+    if (e == 0xff) return sign | 0x7c00u | (mant ? 0x200u : 0u);
+    int exp = e - 127 + 15;
+    if (exp >= 31) return sign | 0x7c00u;
+    if (exp <= 0) {
+        if (exp < -10) return sign;
+        mant |= 0x800000u;
+        int shift = 14 - exp;
+        unsigned h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) ++h;
+        return sign | h;
+    }
+    unsigned h = ((unsigned)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+    return sign | h;
+}
+static float h2f(unsigned h) {
+    unsigned sign = (h & 0x8000u) << 16, mant = h & 0x3ffu;
+    int exp = (int)((h >> 10) & 0x1f);
+    if (exp == 0) {
+        float v = mant * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    if (exp == 31) return as_float(sign | 0x7f800000u | (mant << 13));
+    return as_float(sign | ((unsigned)(exp - 15 + 127) << 23) | (mant << 13));
+}
+static inline unsigned pack_h2(float lo, float hi) { return f2h(lo) | (f2h(hi) << 16); }
+static inline void unpack_h2(unsigned d, float& lo, float& hi) { lo = h2f(d & 0xffffu), hi = h2f(d >> 16); }
+
+static void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    __shared__ unsigned emu_a[THREADS][4];
+    __shared__ unsigned emu_b[THREADS][2];
+    int me = threadIdx.x, base = me & ~31, g = (me & 31) >> 2, t = me & 3;
+    for (int i = 0; i < 4; ++i) emu_a[me][i] = a[i];
+    emu_b[me][0] = b0;
+    emu_b[me][1] = b1;
+    __syncthreads();
+    for (int r = 0; r < 4; ++r) {
+        int row = g + 8 * (r >> 1), col = 2 * t + (r & 1);
+        float s = d[r];
+        for (int k = 0; k < 16; ++k) {
+            // A[row][k]: lane (row % 8, k % 8 / 2)'s register row / 8 + 2 (k / 8), half k % 2; B[k][col]: lane
+            // (col, k % 8 / 2)'s register k / 8, half k % 2
+            unsigned aw = emu_a[base + (row % 8) * 4 + k % 8 / 2][row / 8 + 2 * (k / 8)];
+            unsigned bw = emu_b[base + col * 4 + k % 8 / 2][k / 8];
+            s += h2f(k % 2 ? aw >> 16 : aw & 0xffffu) * h2f(k % 2 ? bw >> 16 : bw & 0xffffu);
+        }
+        d[r] = s;
+    }
+    __syncthreads();
+}
+
 static float xor4(float v) {
     __shared__ float emu_v[THREADS];
     emu_v[threadIdx.x] = v;
@@ -135,10 +213,21 @@ static float xor4(float v) {
 }
 #endif
 
+// F16: a value fp16 cannot hold (or a NaN) becomes a NaN, so that every output it reaches is one
+__device__ __forceinline__ float in_range(float v) { return (!F16 || fabsf(v) <= 65504.0f) ? v : as_float(0x7fc00000u); }
+
 // fp32 v as two TF32 numbers: big + small == v to about 2^-22 of v
 __device__ __forceinline__ void split(float v, unsigned& big, unsigned& small) {
     big = to_tf32(v);
     small = to_tf32(v - as_float(big));
+}
+
+// two floats as fp16 halves, big and (LO_SCALE times) small: v == big + small / LO_SCALE to about 2^-22 of v
+__device__ __forceinline__ void split_h2(float v0, float v1, unsigned& big, unsigned& small) {
+    float b0, b1;
+    big = pack_h2(v0, v1);
+    unpack_h2(big, b0, b1);
+    small = pack_h2((v0 - b0) * LO_SCALE, (v1 - b1) * LO_SCALE);
 }
 
 // where in the staged window row r of a tile (0..15) reads its pixel: 16 pixels, or 4 pool windows of 4
@@ -161,11 +250,24 @@ conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const floa
     float2* wf = reinterpret_cast<float2*>(smem);
     uint4* wp = reinterpret_cast<uint4*>(smem);
     int* koff = reinterpret_cast<int*>(smem + WF_FLOATS);  // k -> its offset in an image's window
-    float* xs = smem + WF_FLOATS + KSTEPS * 8;  // [image][channel][row][column], zero-padded
+    float* xs = smem + WF_FLOATS + KSTEPS * KS;  // [image][channel][row][column], zero-padded
     unsigned* xsu = reinterpret_cast<unsigned*>(xs);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 
-    for (int i = tid; i < KSTEPS * NT * 32; i += THREADS) {
+    for (int i = tid; i < KSTEPS * NT * 32 && F16; i += THREADS) {
+        // b0 holds k = 2t, 2t + 1 of map g, b1 k = 2t + 8, 2t + 9; each as halves, big then small
+        int l = i & 31, m = (i >> 5) % NT * 8 + (l >> 2), k = i / (NT * 32) * 16 + 2 * (l & 3);
+        float v[4];
+        for (int e = 0; e < 4; ++e) {
+            int ke = k + (e & 1) + 8 * (e >> 1);
+            v[e] = (m < M && ke < K_REAL) ? in_range(w[m * K_REAL + ke]) : 0.0f;
+        }
+        uint4 q;
+        split_h2(v[0], v[1], q.x, q.z);
+        split_h2(v[2], v[3], q.y, q.w);
+        wp[i] = q;
+    }
+    for (int i = tid; i < KSTEPS * NT * 32 && !F16; i += THREADS) {
         int l = i & 31, m = (i >> 5) % NT * 8 + (l >> 2), k = i / (NT * 32) * 8 + (l & 3);
         float b0 = (m < M && k < K_REAL) ? w[m * K_REAL + k] : 0.0f;
         float b1 = (m < M && k + 4 < K_REAL) ? w[m * K_REAL + k + 4] : 0.0f;
@@ -178,7 +280,7 @@ conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const floa
             wf[i] = make_float2(b0, b1);
         }
     }
-    for (int k = tid; k < KSTEPS * 8; k += THREADS) {
+    for (int k = tid; k < KSTEPS * KS; k += THREADS) {
         int c = k / (R * R), p = k % (R * R) / R, q = k % R;
         koff[k] = k < K_REAL ? c * WIN + p * WW + q : 0;  // past K: any pixel, its weight is 0
     }
@@ -189,7 +291,8 @@ conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const floa
         for (int i = tid; i < XS_FLOATS; i += THREADS) {
             int img = i / (C * WIN), rest = i % (C * WIN), c = rest / WIN, r = rest % WIN / WW - PAD,
                 s = rest % WW - PAD, n = n0 + img;
-            float v = (n < N && r >= 0 && r < H && s >= 0 && s < W) ? x[((size_t)(n * C + c) * H + r) * W + s] : 0.0f;
+            float v = (n < N && r >= 0 && r < H && s >= 0 && s < W) ? in_range(x[((size_t)(n * C + c) * H + r) * W + s])
+                                                                     : 0.0f;
             if (APRE) {  // the TF32 parts, big then (XS_FLOATS on) small, split once here instead of at every use
                 unsigned big, small;
                 split(v, big, small);
@@ -204,7 +307,7 @@ conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const floa
         for (int pass = 0; pass < PASSES; ++pass) {
             const int tile0 = (pass * WARPS + warp) * MT;
             int off[MT][2];
-            float acc[MT][NT][4];
+            float acc[MT][NT][4], lo[MT][NT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 off[mt][0] = pixel_offset(tile0 + mt, g);
@@ -212,10 +315,40 @@ conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const floa
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
+                    for (int r = 0; r < 4; ++r) acc[mt][nt][r] = lo[mt][nt][r] = 0.0f;
             }
 #pragma unroll 2
-            for (int ks = 0; ks < KSTEPS; ++ks) {
+            for (int ks = 0; ks < KSTEPS && F16; ++ks) {
+                // lane (g, t) takes k = 2t, 2t + 1 (ka) and 2t + 8, 2t + 9 (kb) of rows g and g + 8
+                const int2 ka = *reinterpret_cast<const int2*>(koff + ks * 16 + 2 * t);
+                const int2 kb = *reinterpret_cast<const int2*>(koff + ks * 16 + 2 * t + 8);
+                uint4 bq[NT];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) bq[nt] = wp[(ks * NT + nt) * 32 + lane];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const int o0 = off[mt][0], o1 = off[mt][1];
+                    unsigned hi[4], sm[4];
+                    split_h2(xs[o0 + ka.x], xs[o0 + ka.y], hi[0], sm[0]);
+                    split_h2(xs[o1 + ka.x], xs[o1 + ka.y], hi[1], sm[1]);
+                    split_h2(xs[o0 + kb.x], xs[o0 + kb.y], hi[2], sm[2]);
+                    split_h2(xs[o1 + kb.x], xs[o1 + kb.y], hi[3], sm[3]);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {  // the small terms into sums of their own, LO_SCALE larger
+                        mma16(lo[mt][nt], sm, bq[nt].x, bq[nt].y);
+                        mma16(lo[mt][nt], hi, bq[nt].z, bq[nt].w);
+                        mma16(acc[mt][nt], hi, bq[nt].x, bq[nt].y);
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[mt][nt][r] += lo[mt][nt][r] * (1.0f / LO_SCALE);
+#pragma unroll 2
+            for (int ks = 0; ks < KSTEPS && !F16; ++ks) {
                 const int k0 = koff[ks * 8 + t], k1 = koff[ks * 8 + t + 4];
                 unsigned bb[NT][2], bs[NT][2];
 #pragma unroll
@@ -261,8 +394,8 @@ conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const floa
                         const int m = nt * 8 + 2 * t + e;
                         if (P == 2) {
                             // rows g and g + 8 are a window's two rows; lane g ^ 1 (lane ^ 4) has its other column
-                            float v = fmaxf(acc[mt][nt][e], acc[mt][nt][e + 2]);
-                            v = fmaxf(v, xor4(v));
+                            float v = max_nan(acc[mt][nt][e], acc[mt][nt][e + 2]);
+                            v = max_nan(v, xor4(v));
                             int spot = tile * PER_TILE + (g >> 1), img = spot / (HP * WP), n = n0 + img;
                             if ((g & 1) == 0 && m < M && spot < SPOTS && n < N)
                                 out[((size_t)n * M + m) * (HP * WP) + spot % (HP * WP)] = activate(v + b[m]);
@@ -291,7 +424,8 @@ class Config:
     ``minb`` blocks a multiprocessor should hold (the register budget ``__launch_bounds__`` gives); ``round``: the
     TF32 parts rounded to nearest (a conversion instruction each), else toward zero (one AND; each part's error
     twice as large); ``bpre``, ``apre``: the weights' (the staged images') parts split once into shared memory
-    (twice the room) instead of at every use."""
+    (twice the room) instead of at every use; ``f16``: the split into fp16 halves instead (``mma.sync`` m16n8k16,
+    twice TF32's rate; the weights split once; ``round``, ``bpre``, ``apre`` do not apply)."""
 
     name: str
     warps: int = 4
@@ -301,6 +435,7 @@ class Config:
     round: int = 1
     bpre: int = 0
     apre: int = 0
+    f16: int = 0
 
 
 #: the configurations a GPU run compares (``tools/conv_timing.py``): the default (parts rounded to nearest), and
@@ -312,6 +447,7 @@ CONFIGS = {c.name: c for c in (
     Config("w8 mt2 i1 r0 apre", warps=8, round=0, apre=1),
     Config("w4 mt2 i2 r0", imgs=2, round=0),
     Config("w4 mt4 i2 r0 bpre", mt=4, imgs=2, round=0, bpre=1),
+    Config("w4 mt2 i1 f16", f16=1),
 )}
 DEFAULT = "w4 mt2 i1"
 #: shared memory a block may have on an H100 (227 KB of the multiprocessor's 228)
@@ -333,15 +469,17 @@ class Plan:
 
     @property
     def shared_bytes(self) -> int:
-        ksteps, nt = -(-self.C * R * R // 8), -(-self.M // 8)
+        c = self.config
+        ks = 16 if c.f16 else 8
+        ksteps, nt = -(-self.C * R * R // ks), -(-self.M // 8)
         window = (self.H + 2 * self.pad) * (self.W + 2 * self.pad)
-        return 4 * (ksteps * nt * 32 * (4 if self.config.bpre else 2) + ksteps * 8
-                    + self.config.imgs * self.C * window * (2 if self.config.apre else 1))
+        return 4 * (ksteps * nt * 32 * (4 if c.bpre or c.f16 else 2) + ksteps * ks
+                    + c.imgs * self.C * window * (2 if c.apre else 1))
 
     def macros(self) -> tuple[str, ...]:
         c = self.config
         values = dict(C=self.C, M=self.M, H=self.H, W=self.W, PAD=self.pad, R=R, ACT=self.act,
-                      P=2 if self.pool else 1, WARPS=c.warps, MT=c.mt, IMGS=c.imgs, MINB=c.minb, ROUND=c.round, BPRE=c.bpre, APRE=c.apre)
+                      P=2 if self.pool else 1, WARPS=c.warps, MT=c.mt, IMGS=c.imgs, MINB=c.minb, ROUND=c.round, BPRE=c.bpre, APRE=c.apre, F16=c.f16)
         return tuple(f"-D{k}={v}" for k, v in values.items())
 
 
@@ -394,10 +532,10 @@ def config_named(name: str) -> Config:
     """A configuration by its name: one of ``CONFIGS``, or ``w<warps> mt<tiles> i<images> [r<round>]``."""
     if name in CONFIGS:
         return CONFIGS[name]
-    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: r([01]))?( bpre)?( apre)?", name.strip())
+    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: r([01]))?( bpre)?( apre)?( f16)?", name.strip())
     if not found:
         raise ValueError(f"tensor_cores: no configuration {name!r}; name one of {', '.join(CONFIGS)} or "
-                         f"'w<warps> mt<tiles> i<images> r<0|1> [bpre] [apre]'")
-    w, mt, i, r, bpre, apre = found.groups()
+                         f"'w<warps> mt<tiles> i<images> r<0|1> [bpre] [apre] [f16]'")
+    w, mt, i, r, bpre, apre, f16 = found.groups()
     return Config(name, warps=int(w), mt=int(mt), imgs=int(i), round=int(r or 1), bpre=int(bool(bpre)),
-                  apre=int(bool(apre)))
+                  apre=int(bool(apre)), f16=int(bool(f16)))

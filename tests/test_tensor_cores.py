@@ -15,7 +15,8 @@ pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=st
 
 #: one and two warps, one tile each, parts rounded toward zero: tiles cross images and windows overhang
 SMALL = (tensor_cores.Config("tiny", warps=1, mt=1, imgs=2, round=0, bpre=1),
-         tensor_cores.Config("two", warps=2, mt=3, apre=1), tensor_cores.config_named("w2 mt2 i3 r0 bpre apre"))
+         tensor_cores.Config("two", warps=2, mt=3, apre=1), tensor_cores.config_named("w2 mt2 i3 r0 bpre apre"),
+         tensor_cores.config_named("w1 mt3 i2 f16"))
 CONFIGS = [*tensor_cores.CONFIGS.values(), *SMALL]
 #: fp32's accuracy on these sums: a direct fp32 conv's own error here is about 1e-7
 MAX_ERROR = 2e-6
@@ -51,18 +52,43 @@ def test_one_block_walks_every_group(monkeypatch):
     assert _error(_run(x, w, b, 2, 1, 2, tensor_cores.CONFIGS["w4 mt2 i2 r0"], want.shape), want) < MAX_ERROR
 
 
-def test_without_the_small_parts_the_comparison_fails(monkeypatch):
-    """Plain TF32 (each value its 10-bit rounding only) is what the split corrects: the tests' bound must tell."""
-    plain = tensor_cores.SOURCE.replace("small = to_tf32(v - as_float(big));", "small = 0u;")
+@pytest.mark.parametrize("config, line, cut", [
+    ("w4 mt2 i1", "small = to_tf32(v - as_float(big));", "small = 0u;"),
+    ("w4 mt2 i1 f16", "small = pack_h2((v0 - b0) * LO_SCALE, (v1 - b1) * LO_SCALE);", "small = 0u;")])
+def test_without_the_small_parts_the_comparison_fails(monkeypatch, config, line, cut):
+    """Plain TF32 or fp16 (each value its 10-bit rounding only) is what the split corrects: the bound must tell."""
+    plain = tensor_cores.SOURCE.replace(line, cut)
     assert plain != tensor_cores.SOURCE
     monkeypatch.setattr(tensor_cores, "SOURCE", plain)
     tensor_cores.module.cache_clear()
     try:
         x, w, b = case(5, 2, 6, 9, 9, 12)
         want = expected(x, w, b, 2, 0, 0)
-        assert _error(_run(x, w, b, 2, 0, 0, shape=want.shape), want) > 10 * MAX_ERROR
+        error = _error(_run(x, w, b, 2, 0, 0, tensor_cores.config_named(config), want.shape), want)
+        assert error > 10 * MAX_ERROR
     finally:
         tensor_cores.module.cache_clear()
+
+
+@pytest.mark.parametrize("scale, bound", [(1e3, MAX_ERROR), (1e-3, MAX_ERROR), (1e-6, 1e-5)])
+def test_the_fp16_split_keeps_its_accuracy_far_from_one(scale, bound):
+    """fp16's normal numbers run from 6e-5 to 65504: below, the big part goes subnormal and the small part (kept
+    2^11 larger) saves most of what it loses: inputs of about 1e-6 stay within the kit's checks' 1e-5."""
+    x, w, b = case(11, 3, 4, 8, 9, 8)
+    x, b = (x * scale).astype(np.float32), (b * scale).astype(np.float32)
+    want = expected(x, w, b, 2, 1, 2)
+    error = _error(_run(x, w, b, 2, 1, 2, tensor_cores.config_named("w4 mt2 i1 f16"), want.shape), want)
+    assert error < bound, f"relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("act", [0, 1, 2])
+def test_an_input_fp16_cannot_hold_gives_nans_not_quiet_numbers(act):
+    x, w, b = case(12, 2, 3, 8, 8, 4)
+    x[1, 2, 3, 3] = 1e5  # over fp16's 65504: image 1's outputs that read it must say so
+    want = expected(x, w, b, 2, act, 2)
+    got = _run(x, w, b, 2, act, 2, tensor_cores.config_named("w4 mt2 i1 f16"), want.shape)
+    assert np.isnan(got[1]).any() and np.isfinite(got[0]).all()
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
 
 
 def test_the_kits_group_check_passes_it_on_the_simulator_net():
