@@ -22,7 +22,7 @@ On a machine without a GPU it runs on the CPU emulation of CUDA C (``labkit.cuda
 warp's MMA and shuffle are emulated in the source (a warp's fragments meet in shared memory), the rest is the same
 code.
 
-Measured on an H100 (``results/h100-2026-11-26d``, ``tools/conv_timing.py --kernels tf32x3``): right everywhere, to
+Measured on an H100 (``results/h100-2026-11-26d``, ``tools/conv_timing.py --kernels tc``): right everywhere, to
 1e-6 to 4e-6 of the float64 conv (the direct kernels: about 1e-7; the MMA's fp32 sums are not rounded as FMA's are),
 and at 0.42 to 1.33 times the speed of stage 09's direct register tiles per layer: 1.07 and 1.12 on cifar10's conv1
 and conv2 at 50000 images, 1.16 on fashion's conv2, 1.33 on ece408's; slower on the one-channel first layers and on
@@ -36,12 +36,15 @@ direct kernels; the module stays as the measured record of the step and the plac
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from . import gpu
+from .ledger import repo_root
 
 R = 5
 
@@ -244,7 +247,7 @@ __device__ __forceinline__ int pixel_offset(int tile, int r) {
 }
 
 __global__ void __launch_bounds__(THREADS, MINB)
-conv_tf32x3(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+conv_split3(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
             float* __restrict__ out, int N) {
     // [kstep][map tile][lane]: the lane's two B values, or (BPRE) their TF32 parts, big and small
     float2* wf = reinterpret_cast<float2*>(smem);
@@ -438,18 +441,23 @@ class Config:
     f16: int = 0
 
 
-#: the configurations a GPU run compares (``tools/conv_timing.py``): the default (parts rounded to nearest), and
-#: the fastest of an H100 grid on some layer (``results/h100-2026-11-26d/conv_explore.json``)
+#: the configurations a GPU run compares (``tools/conv_timing.py``): the default (TF32 parts rounded to nearest), and
+#: the fastest of the H100 grids on some layer (``results/h100-2026-11-26d/conv_explore*.json``)
 CONFIGS = {c.name: c for c in (
     Config("w4 mt2 i1"),
     Config("w4 mt4 i1 r0 bpre", mt=4, round=0, bpre=1),
     Config("w8 mt2 i1 r0 bpre", warps=8, round=0, bpre=1),
-    Config("w8 mt2 i1 r0 apre", warps=8, round=0, apre=1),
     Config("w4 mt2 i2 r0", imgs=2, round=0),
-    Config("w4 mt4 i2 r0 bpre", mt=4, imgs=2, round=0, bpre=1),
-    Config("w4 mt2 i1 f16", f16=1),
+    Config("w8 mt2 i2 f16", warps=8, imgs=2, f16=1),
+    Config("w8 mt1 i1 f16", warps=8, mt=1, f16=1),
+    Config("w4 mt1 i2 f16", mt=1, imgs=2, f16=1),
 )}
 DEFAULT = "w4 mt2 i1"
+#: per workload and layer, the configuration that beat the direct kernel in a recorded GPU run (or none where none
+#: did): ``tools/conv_timing.py --save``/``--save-from`` writes it, ``tuned`` reads it
+STORE = repo_root() / "results" / "tensor_cores.json"
+#: the kind's label in the timing tool's rows (``tf32x3`` in the runs before the fp16 split was added)
+LABELS = ("tc ", "tf32x3 ")
 #: shared memory a block may have on an H100 (227 KB of the multiprocessor's 228)
 SHARED_LIMIT = 227 * 1024
 #: at most this many blocks a multiprocessor in a grid; a block takes the next staged group until none is left
@@ -491,18 +499,21 @@ def module(macros: tuple[str, ...]):
 
 def plan_for(x, w, pad: int, stride: int, act: int, pool: int, config: str | Config = DEFAULT) -> Plan:
     """The plan of a call, or a one-line refusal of what the kernel does not do."""
-    c = CONFIGS[config] if isinstance(config, str) else config
+    c = config_named(config) if isinstance(config, str) else config
     n, ch, h, wd = x.shape
     if tuple(w.shape[1:]) != (ch, R, R) or stride != 1:
-        raise ValueError(f"conv_tf32x3: takes 5 x 5 filters at stride 1 over the input's {ch} channels (got "
+        raise ValueError(f"conv_split3: takes 5 x 5 filters at stride 1 over the input's {ch} channels (got "
                          f"weights {tuple(w.shape)}, stride {stride}): use a direct conv there")
     if pool not in (0, 2):
-        raise ValueError(f"conv_tf32x3: a fused pool must be 2 x 2, not {pool}")
+        raise ValueError(f"conv_split3: a fused pool must be 2 x 2, not {pool}")
     p = Plan(c, ch, int(w.shape[0]), h, wd, pad, act, pool)
     if p.shared_bytes > SHARED_LIMIT:
-        raise ValueError(f"conv_tf32x3: {c.imgs} staged image(s) and the weights need {p.shared_bytes} bytes of "
+        raise ValueError(f"conv_split3: {c.imgs} staged image(s) and the weights need {p.shared_bytes} bytes of "
                          f"shared memory a block, over {SHARED_LIMIT}: use a configuration with fewer images")
     return p
+
+
+_SHARED_SET: set = set()
 
 
 def _multiprocessors() -> int:
@@ -511,20 +522,21 @@ def _multiprocessors() -> int:
     return multiprocessors()
 
 
-def conv_tf32x3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int = 0,
+def conv_split3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int = 0,
                 config: str | Config = DEFAULT) -> None:
     """A conv layer function (the fused conv convention: device arrays x (N, C, H, W), w (M, C, 5, 5), b (M,),
     out) on the tensor cores with the 3xTF32 split."""
     p = plan_for(x, w, pad, stride, act, pool, config)
-    kernel = module(p.macros()).get_function("conv_tf32x3")
+    kernel = module(p.macros()).get_function("conv_split3")
     n = int(x.shape[0])
     groups = -(-n // p.config.imgs)
     grid = max(1, min(groups, BLOCKS_PER_SM * _multiprocessors()))
     if gpu.cuda_c_on_cpu():  # the emulation's shared array has its size in the source
         gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)))
         return
-    if getattr(kernel, "max_dynamic_shared_size_bytes", None) != p.shared_bytes:
+    if p not in _SHARED_SET:  # above 48 KB a kernel must be allowed its dynamic shared memory, once
         kernel.max_dynamic_shared_size_bytes = p.shared_bytes
+        _SHARED_SET.add(p)
     gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)), shared_bytes=p.shared_bytes)
 
 
@@ -539,3 +551,45 @@ def config_named(name: str) -> Config:
     w, mt, i, r, bpre, apre, f16 = found.groups()
     return Config(name, warps=int(w), mt=int(mt), imgs=int(i), round=int(r or 1), bpre=int(bool(bpre)),
                   apre=int(bool(apre)), f16=int(bool(f16)))
+
+
+def save_choices(entries: list[dict], path: Path | None = None) -> dict:
+    """Write ``entries`` (net, images, device, date, command, choice, medians_ms) into the store, each replacing
+    the entry of its net, images and device."""
+    path = path or STORE
+    data = json.loads(path.read_text()) if path.exists() else {"entries": []}
+    keys = {(e["net"], e["images"], e["device"]) for e in entries}
+    data["entries"] = [e for e in data["entries"] if (e["net"], e["images"], e["device"]) not in keys] + entries
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def stored(net: str, images: int) -> dict | None:
+    """The recorded choice for ``net`` at ``images``: this device's when there is one, else the newest."""
+    from . import device
+
+    if not STORE.exists():
+        return None
+    entries = [e for e in json.loads(STORE.read_text())["entries"] if e["net"] == net and e["images"] == images]
+    return ([e for e in entries if e["device"] == device.label()] or entries or [None])[-1]
+
+
+def tuned(net: str, images: int) -> dict:
+    """``{layer: conv}`` for the layers where the recorded run found a configuration faster than the direct kernel
+    (the others are left to the caller's); nothing where CUDA C cannot run here (no GPU and no C++ compiler)."""
+    from . import stages
+
+    kept = stored(net, images)
+    if not kept or stages.unavailable(("cuda_c",)):
+        return {}
+    out = {}
+    for layer, name in kept.get("choice", {}).items():
+        if name:
+            config = config_named(name)
+
+            def conv(x, w, b, o, pad, stride=1, act=0, pool=0, config=config):
+                conv_split3(x, w, b, o, pad, stride, act, pool, config=config)
+
+            conv.__name__ = f"conv_split3_{re.sub(r'[^0-9a-z]+', '_', name)}"
+            out[layer] = conv
+    return out

@@ -4,6 +4,8 @@ outputs, a block walking several image groups, and a last group with fewer image
 make it so (without them the same comparison fails); the kit's group check passes it; what it does not do is refused
 in one line."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,7 @@ MAX_ERROR = 2e-6
 
 def _run(x, w, b, pad, act, pool, config=tensor_cores.DEFAULT, shape=None):
     out = gpu.to_device(np.full(shape, np.nan, np.float32))  # poisoned: an unwritten output stays NaN
-    tensor_cores.conv_tf32x3(gpu.to_device(x), gpu.to_device(w), gpu.to_device(b), out, pad, 1, act, pool,
+    tensor_cores.conv_split3(gpu.to_device(x), gpu.to_device(w), gpu.to_device(b), out, pad, 1, act, pool,
                              config=config)
     return gpu.as_host(out)
 
@@ -94,7 +96,7 @@ def test_an_input_fp16_cannot_hold_gives_nans_not_quiet_numbers(act):
 def test_the_kits_group_check_passes_it_on_the_simulator_net():
     net = simulator.net("cifar10")
     group = layers.groups(list(net.layers), ("relu", "pool"))[0]
-    result = check.check_group(tensor_cores.conv_tf32x3, net, group, arrays="device", quiet=True)
+    result = check.check_group(tensor_cores.conv_split3, net, group, arrays="device", quiet=True)
     assert result.passed, str(result)
 
 
@@ -114,3 +116,34 @@ def test_a_configuration_name_that_means_nothing_is_refused_in_one_line():
     with pytest.raises(ValueError, match="no configuration") as err:
         tensor_cores.config_named("fast please")
     assert "\n" not in str(err.value)
+
+
+def test_the_timing_tools_choices_are_the_fastest_that_passed_and_stage_10_reads_them(tmp_path, monkeypatch):
+    import tool_modules
+
+    tool = tool_modules.load("conv_timing")
+    row = dict(net="cifar10", images=50000)
+    rows = [{**row, "layer": "conv1", "kernel": tool.DIRECT, "time": {"median_ms": 3.0}},
+            {**row, "layer": "conv1", "kernel": "tc w4 mt2 i1", "time": {"median_ms": 2.0}, "rel_error": 3e-7},
+            {**row, "layer": "conv1", "kernel": "tc w8 mt1 i1 f16", "median_ms": 1.0, "rel_error": 1e-3},  # failed
+            {**row, "layer": "conv2", "kernel": tool.DIRECT, "median_ms": 1.0},
+            {**row, "layer": "conv2", "kernel": "tc w4 mt4 i2 r0 bpre", "median_ms": 1.5, "rel_error": 3e-7},
+            {**row, "layer": "conv3", "kernel": "winograd mg8", "median_ms": 0.1},  # not a tensor-core choice
+            {**row, "layer": "conv3", "kernel": "tf32x3 w4 mt2 i2 f16", "median_ms": 0.5, "rel_error": 3e-7}]
+    store = tmp_path / "tensor_cores.json"
+    data = tool.save_choices(rows, {"device": "GPU X", "date": "d", "command": "c"}, store)
+    assert data["entries"][0]["choice"] == {"conv1": "w4 mt2 i1", "conv2": None, "conv3": "w4 mt2 i2 f16"}
+    monkeypatch.setattr(tensor_cores, "STORE", store)
+    impls = tensor_cores.tuned("cifar10", 50000)
+    assert sorted(impls) == ["conv1", "conv3"] and tensor_cores.tuned("cifar10", 1200) == {}
+    x, w, b = case(9, 2, 3, 8, 8, 4)
+    want = expected(x, w, b, 2, 1, 2)
+    out = gpu.to_device(np.full(want.shape, np.nan, np.float32))
+    impls["conv3"](gpu.to_device(x), gpu.to_device(w), gpu.to_device(b), out, 2, 1, 1, 2)
+    assert _error(gpu.as_host(out), want) < MAX_ERROR
+
+
+def test_the_committed_choices_name_configurations_that_exist():
+    for entry in json.loads(tensor_cores.STORE.read_text())["entries"]:
+        for name in filter(None, entry["choice"].values()):
+            tensor_cores.config_named(name)

@@ -7,15 +7,17 @@ configuration (``CONFIGS``) of the kinds ``--kernels`` names. Each is checked fi
 float64 conv on the first ``CHECK_IMAGES`` images (relative error of the norm, as the kit's checks, at most 1e-5) and,
 on every image, against the direct kernel's output; then timed with CUDA events around each call after warm-up
 calls (median and range of ``--repeat``). Inputs and weights are seeded random numbers of the layer's shapes. The
-fastest that passed is printed per layer; ``--out DIR`` writes ``DIR/conv_timing.json``. Exit status 1 when a check
-failed.
+fastest that passed is printed per layer; ``--out DIR`` writes ``DIR/conv_timing.json``; ``--save`` records, per
+workload and layer, the fastest tensor-core configuration that passed or none where the direct kernel won, in
+``results/tensor_cores.json`` (stage 10 reads it: ``lk.tensor_cores.tuned``); ``--save-from JSON`` records them from
+a GPU run's file. Exit status 1 when a check failed.
 ``--explore`` times a grid of configurations (``explore_configs``) on every layer instead, with each kernel's
 registers and spilled bytes (``DIR/conv_explore.json``).
 
 ``--quick`` (no GPU: the simulator and the CPU emulation of CUDA C) runs the layers of the shrunk nets on 3 images,
 for correctness only.
 
-    python3 tools/conv_timing.py --kernels tf32x3 --out results/some-folder
+    python3 tools/conv_timing.py --kernels tc --out results/some-folder
     python3 tools/conv_timing.py --quick
 """
 
@@ -43,7 +45,7 @@ WORKLOADS = (("cifar10", 50000), ("cifar10", 1200), ("fashion", 10000), ("ece408
 QUICK = (("cifar10", 3), ("fashion", 3))
 FUSE = ("relu", "tanh", "pool")
 #: the given convs a run can time beside the direct kernel: their module, its conv function and its kernel's name
-KINDS = {"winograd": (winograd, "conv_winograd", "wino_conv"), "tf32x3": (tensor_cores, "conv_tf32x3", "conv_tf32x3")}
+KINDS = {"winograd": (winograd, "conv_winograd", "wino_conv"), "tc": (tensor_cores, "conv_split3", "conv_split3")}
 
 
 def given_conv(kind: str):
@@ -221,16 +223,53 @@ def explore(repeat: int, warmup: int, say=print, kinds=tuple(KINDS)) -> list[dic
     return rows
 
 
+def save_choices(rows: list[dict], stamp: dict, path: Path | None = None) -> dict:
+    """Per workload, the fastest of the direct kernel and the tensor-core configurations that passed (relative
+    error at most MAX_REL_ERROR), into the store ``lk.tensor_cores.tuned`` reads."""
+    best: dict = {}
+    for row in rows:
+        ms = row.get("median_ms", row.get("time", {}).get("median_ms"))
+        ok = row.get("rel_error", 0.0) <= MAX_REL_ERROR and row.get("rel_error_direct", 0.0) <= MAX_REL_ERROR
+        label = next((p for p in tensor_cores.LABELS if row["kernel"].startswith(p)), None)
+        if ms is None or not ok or not (row["kernel"] == DIRECT or label):
+            continue
+        entry = best.setdefault((row["net"], row["images"]), {"choice": {}, "medians_ms": {}})
+        name = DIRECT if row["kernel"] == DIRECT else row["kernel"].removeprefix(label)
+        entry["medians_ms"].setdefault(row["layer"], {})[name] = round(ms, 5)
+    for entry in best.values():
+        for layer, medians in entry["medians_ms"].items():
+            fastest = min(medians, key=medians.get)
+            entry["choice"][layer] = None if fastest == DIRECT else fastest
+    return tensor_cores.save_choices([{"net": net, "images": images, **stamp, **entry}
+                                      for (net, images), entry in best.items()], path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the shrunk nets on 3 images, correctness only")
-    ap.add_argument("--kernels", default="tf32x3,winograd",
+    ap.add_argument("--kernels", default="tc,winograd",
                     help=f"the given convs to time beside the direct kernel, comma-separated: {', '.join(KINDS)}")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", type=Path, help="folder for conv_timing.json (conv_explore.json with --explore)")
     ap.add_argument("--explore", action="store_true", help="a grid of configurations on every layer")
+    ap.add_argument("--save", action="store_true",
+                    help="record the fastest tensor-core configuration per layer (or none) in results/tensor_cores.json")
+    ap.add_argument("--save-from", type=Path, metavar="JSON",
+                    help="record them from a GPU run's conv_timing.json or conv_explore.json instead of running")
     args = ap.parse_args(argv)
+    if args.save_from:
+        try:
+            data = json.loads(args.save_from.read_text())
+            stamp = {k: data[k] for k in ("date", "device", "command")}
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"conv_timing: cannot read a run from {args.save_from}: {exc}", file=sys.stderr)
+            return 2
+        saved = save_choices(data["rows"], stamp)
+        print(f"{tensor_cores.STORE.name}: {len(saved['entries'])} entries; from {args.save_from.name}: "
+              + json.dumps({f"{e['net']} {e['images']}": e["choice"] for e in saved["entries"]
+                            if e["command"] == stamp["command"]}))
+        return 0
     kinds = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
@@ -249,6 +288,8 @@ def main(argv=None) -> int:
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "conv_explore.json").write_text(json.dumps({**stamp, "rows": rows}, indent=1) + "\n")
+        if args.save:
+            save_choices(rows, stamp)
         return 0
     rows, failures, choices = run(args.quick, args.repeat, args.warmup, kinds=kinds)
     if args.out:
@@ -256,6 +297,8 @@ def main(argv=None) -> int:
         data = {**stamp, "quick": args.quick, "repeat": args.repeat, "warmup": args.warmup,
                 "max_rel_error": MAX_REL_ERROR, "rows": rows, "failures": failures, "choices": choices}
         (args.out / "conv_timing.json").write_text(json.dumps(data, indent=1) + "\n")
+    if args.save and not args.quick:
+        save_choices(rows, stamp)
     print(f"{len(rows)} rows, {len(failures)} failed" + "".join(f"\n  {f}" for f in failures))
     print("fastest per layer (a given conv's configuration, or null for the direct kernel): " + json.dumps(choices))
     return 1 if failures else 0
