@@ -69,7 +69,7 @@ SOURCE = r"""
 #define PASSES ((TILES + WARPS * MT - 1) / (WARPS * MT))
 #define WF_FLOATS (KSTEPS * NT * 32 * (BPRE || F16 ? 4 : 2))
 #define XS_FLOATS (IMGS * C * WIN)
-#define SMEM_FLOATS (WF_FLOATS + KSTEPS * KS + XS_FLOATS * (APRE ? 2 : 1))
+#define SMEM_FLOATS (WF_FLOATS + KSTEPS * KS + XS_FLOATS * (APRE && !F16 ? 2 : 1))
 // F16: the small parts are kept 2^11 times larger (fp16's range), their sums scaled back at the end
 #define LO_SCALE 2048.0f
 
@@ -109,6 +109,9 @@ __device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
 __device__ __forceinline__ void unpack_h2(unsigned d, float& lo, float& hi) {
     asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(d));
 }
+// the low halves of a and b as one word (a's low), and their high halves
+__device__ __forceinline__ unsigned low_halves(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
+__device__ __forceinline__ unsigned high_halves(unsigned a, unsigned b) { return __byte_perm(a, b, 0x7632); }
 // d += a b over one 16 x 8 x 16 tile of fp16 halves, fp32 sums
 __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -181,6 +184,8 @@ static float h2f(unsigned h) {
     return as_float(sign | ((unsigned)(exp - 15 + 127) << 23) | (mant << 13));
 }
 static inline unsigned pack_h2(float lo, float hi) { return f2h(lo) | (f2h(hi) << 16); }
+static inline unsigned low_halves(unsigned a, unsigned b) { return (a & 0xffffu) | (b << 16); }
+static inline unsigned high_halves(unsigned a, unsigned b) { return (a >> 16) | (b & 0xffff0000u); }
 static inline void unpack_h2(unsigned d, float& lo, float& hi) { lo = h2f(d & 0xffffu), hi = h2f(d >> 16); }
 
 static void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -296,7 +301,11 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
                 s = rest % WW - PAD, n = n0 + img;
             float v = (n < N && r >= 0 && r < H && s >= 0 && s < W) ? in_range(x[((size_t)(n * C + c) * H + r) * W + s])
                                                                      : 0.0f;
-            if (APRE) {  // the TF32 parts, big then (XS_FLOATS on) small, split once here instead of at every use
+            if (F16 && APRE) {  // fp16's big half (low) and small one (high) in one word, split once here
+                unsigned big, small;
+                split_h2(v, 0.0f, big, small);
+                xsu[i] = low_halves(big, small);
+            } else if (APRE) {  // the TF32 parts, big then (XS_FLOATS on) small, split once here instead of at every use
                 unsigned big, small;
                 split(v, big, small);
                 xsu[i] = big;
@@ -332,10 +341,20 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
                 for (int mt = 0; mt < MT; ++mt) {
                     const int o0 = off[mt][0], o1 = off[mt][1];
                     unsigned hi[4], sm[4];
-                    split_h2(xs[o0 + ka.x], xs[o0 + ka.y], hi[0], sm[0]);
-                    split_h2(xs[o1 + ka.x], xs[o1 + ka.y], hi[1], sm[1]);
-                    split_h2(xs[o0 + kb.x], xs[o0 + kb.y], hi[2], sm[2]);
-                    split_h2(xs[o1 + kb.x], xs[o1 + kb.y], hi[3], sm[3]);
+                    if (APRE) {  // the staged words hold both halves: two byte permutes a pair
+                        const unsigned q[8] = {xsu[o0 + ka.x], xsu[o0 + ka.y], xsu[o1 + ka.x], xsu[o1 + ka.y],
+                                               xsu[o0 + kb.x], xsu[o0 + kb.y], xsu[o1 + kb.x], xsu[o1 + kb.y]};
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            hi[e] = low_halves(q[2 * e], q[2 * e + 1]);
+                            sm[e] = high_halves(q[2 * e], q[2 * e + 1]);
+                        }
+                    } else {
+                        split_h2(xs[o0 + ka.x], xs[o0 + ka.y], hi[0], sm[0]);
+                        split_h2(xs[o1 + ka.x], xs[o1 + ka.y], hi[1], sm[1]);
+                        split_h2(xs[o0 + kb.x], xs[o0 + kb.y], hi[2], sm[2]);
+                        split_h2(xs[o1 + kb.x], xs[o1 + kb.y], hi[3], sm[3]);
+                    }
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {  // the small terms into sums of their own, LO_SCALE larger
                         mma16(lo[mt][nt], sm, bq[nt].x, bq[nt].y);
@@ -428,7 +447,8 @@ class Config:
     TF32 parts rounded to nearest (a conversion instruction each), else toward zero (one AND; each part's error
     twice as large); ``bpre``, ``apre``: the weights' (the staged images') parts split once into shared memory
     (twice the room) instead of at every use; ``f16``: the split into fp16 halves instead (``mma.sync`` m16n8k16,
-    twice TF32's rate; the weights split once; ``round``, ``bpre``, ``apre`` do not apply)."""
+    twice TF32's rate; the weights split once; ``round`` and ``bpre`` do not apply; with ``apre`` the staged
+    images are split once into words of two halves, big and small, which byte permutes pair up)."""
 
     name: str
     warps: int = 4
@@ -482,7 +502,7 @@ class Plan:
         ksteps, nt = -(-self.C * R * R // ks), -(-self.M // 8)
         window = (self.H + 2 * self.pad) * (self.W + 2 * self.pad)
         return 4 * (ksteps * nt * 32 * (4 if c.bpre or c.f16 else 2) + ksteps * ks
-                    + c.imgs * self.C * window * (2 if c.apre else 1))
+                    + c.imgs * self.C * window * (2 if c.apre and not c.f16 else 1))
 
     def macros(self) -> tuple[str, ...]:
         c = self.config

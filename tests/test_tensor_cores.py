@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=st
 #: one and two warps, one tile each, parts rounded toward zero: tiles cross images and windows overhang
 SMALL = (tensor_cores.Config("tiny", warps=1, mt=1, imgs=2, round=0, bpre=1),
          tensor_cores.Config("two", warps=2, mt=3, apre=1), tensor_cores.config_named("w2 mt2 i3 r0 bpre apre"),
-         tensor_cores.config_named("w1 mt3 i2 f16"))
+         tensor_cores.config_named("w1 mt3 i2 f16"), tensor_cores.config_named("w2 mt2 i3 apre f16"))
 CONFIGS = [*tensor_cores.CONFIGS.values(), *SMALL]
 #: fp32's accuracy on these sums: a direct fp32 conv's own error here is about 1e-7
 MAX_ERROR = 2e-6
@@ -72,23 +72,25 @@ def test_without_the_small_parts_the_comparison_fails(monkeypatch, config, line,
         tensor_cores.module.cache_clear()
 
 
+@pytest.mark.parametrize("config", ["w4 mt2 i1 f16", "w4 mt2 i1 apre f16"])
 @pytest.mark.parametrize("scale, bound", [(1e3, MAX_ERROR), (1e-3, MAX_ERROR), (1e-6, 1e-5)])
-def test_the_fp16_split_keeps_its_accuracy_far_from_one(scale, bound):
+def test_the_fp16_split_keeps_its_accuracy_far_from_one(scale, bound, config):
     """fp16's normal numbers run from 6e-5 to 65504: below, the big part goes subnormal and the small part (kept
     2^11 larger) saves most of what it loses: inputs of about 1e-6 stay within the kit's checks' 1e-5."""
     x, w, b = case(11, 3, 4, 8, 9, 8)
     x, b = (x * scale).astype(np.float32), (b * scale).astype(np.float32)
     want = expected(x, w, b, 2, 1, 2)
-    error = _error(_run(x, w, b, 2, 1, 2, tensor_cores.config_named("w4 mt2 i1 f16"), want.shape), want)
+    error = _error(_run(x, w, b, 2, 1, 2, tensor_cores.config_named(config), want.shape), want)
     assert error < bound, f"relative error {error:.2e}"
 
 
+@pytest.mark.parametrize("config", ["w4 mt2 i1 f16", "w4 mt2 i1 apre f16"])
 @pytest.mark.parametrize("act", [0, 1, 2])
-def test_an_input_fp16_cannot_hold_gives_nans_not_quiet_numbers(act):
+def test_an_input_fp16_cannot_hold_gives_nans_not_quiet_numbers(act, config):
     x, w, b = case(12, 2, 3, 8, 8, 4)
     x[1, 2, 3, 3] = 1e5  # over fp16's 65504: image 1's outputs that read it must say so
     want = expected(x, w, b, 2, act, 2)
-    got = _run(x, w, b, 2, act, 2, tensor_cores.config_named("w4 mt2 i1 f16"), want.shape)
+    got = _run(x, w, b, 2, act, 2, tensor_cores.config_named(config), want.shape)
     assert np.isnan(got[1]).any() and np.isfinite(got[0]).all()
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
 

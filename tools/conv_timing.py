@@ -175,10 +175,10 @@ def explore_configs(kind: str) -> list:
     if kind == "winograd":
         return [winograd.Config(f"mg{mg} t{threads} minb{minb}", mg=mg, threads=threads, min_blocks=minb)
                 for mg in (4, 8, 16) for threads in (128, 256) for minb in (1, 2)]
-    tf32 = ["w4 mt4 i1 r0 bpre", "w8 mt2 i1 r0 bpre", "w4 mt2 i2 r0"]
-    shapes = ((2, 2, 1), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (4, 1, 2), (4, 2, 2), (4, 4, 2),
+    kept = ["w4 mt4 i1 r0 bpre", "w8 mt2 i2 f16", "w8 mt1 i1 f16", "w4 mt1 i2 f16"]
+    shapes = ((2, 2, 1), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (4, 1, 2), (4, 2, 2), (8, 1, 2),
               (8, 2, 2))
-    return [tensor_cores.config_named(n) for n in tf32 + [f"w{w} mt{mt} i{i} f16" for w, mt, i in shapes]]
+    return [tensor_cores.config_named(n) for n in kept + [f"w{w} mt{mt} i{i} apre f16" for w, mt, i in shapes]]
 
 
 def explore(repeat: int, warmup: int, say=print, kinds=tuple(KINDS)) -> list[dict]:
