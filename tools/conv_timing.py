@@ -41,7 +41,7 @@ from labkit.nets import get_net, layer_output_shape as output_shape  # noqa: E40
 
 MAX_REL_ERROR = 1e-5
 CHECK_IMAGES = 64
-WORKLOADS = (("cifar10", 50000), ("cifar10", 1200), ("fashion", 10000), ("ece408", 10000))
+WORKLOADS = WORKLOADS_ALL = (("cifar10", 50000), ("cifar10", 1200), ("fashion", 10000), ("ece408", 10000))
 QUICK = (("cifar10", 3), ("fashion", 3))
 FUSE = ("relu", "tanh", "pool")
 #: the given convs a run can time beside the direct kernel: their module, its conv function and its kernel's name
@@ -175,9 +175,9 @@ def explore_configs(kind: str) -> list:
     if kind == "winograd":
         return [winograd.Config(f"mg{mg} t{threads} minb{minb}", mg=mg, threads=threads, min_blocks=minb)
                 for mg in (4, 8, 16) for threads in (128, 256) for minb in (1, 2)]
-    kept = ["w4 mt4 i1 r0 bpre", "w8 mt2 i2 f16", "w8 mt1 i1 f16", "w4 mt1 i2 f16"]
-    shapes = ((2, 2, 1), (4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (4, 1, 2), (4, 2, 2), (8, 1, 2),
-              (8, 2, 2))
+    kept = ["w4 mt1 i1 apre f16", "w8 mt2 i1 apre f16", "w8 mt1 i2 apre f16"]
+    shapes = ((8, 3, 1), (6, 2, 1), (12, 1, 1), (12, 2, 1), (4, 3, 1), (4, 1, 4), (8, 1, 4), (6, 1, 2), (8, 1, 3),
+              (12, 1, 2))
     return [tensor_cores.config_named(n) for n in kept + [f"w{w} mt{mt} i{i} apre f16" for w, mt, i in shapes]]
 
 
@@ -253,6 +253,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", type=Path, help="folder for conv_timing.json (conv_explore.json with --explore)")
     ap.add_argument("--explore", action="store_true", help="a grid of configurations on every layer")
+    ap.add_argument("--workloads", metavar="NET:IMAGES,...",
+                    help="only these of the issue's workloads, e.g. cifar10:50000 (default: all four)")
     ap.add_argument("--save", action="store_true",
                     help="record the fastest tensor-core configuration per layer (or none) in results/tensor_cores.json")
     ap.add_argument("--save-from", type=Path, metavar="JSON",
@@ -276,6 +278,14 @@ def main(argv=None) -> int:
         print(f"conv_timing: unknown --kernels {', '.join(unknown) or '(none)'}; choose from {', '.join(KINDS)}",
               file=sys.stderr)
         return 2
+    if args.workloads:
+        global WORKLOADS
+        wanted = {tuple(w.split(":")) for w in args.workloads.split(",")}
+        WORKLOADS = tuple(w for w in WORKLOADS if (w[0], str(w[1])) in wanted)
+        if not WORKLOADS:
+            print(f"conv_timing: no workload among {args.workloads}; choose from "
+                  + ", ".join(f"{n}:{i}" for n, i in WORKLOADS_ALL), file=sys.stderr)
+            return 2
     info = device.info()
     if not args.quick and info.kind != "gpu":
         print("conv_timing: no GPU here; --quick checks the kernels on the shrunk nets", file=sys.stderr)

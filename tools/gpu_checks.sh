@@ -35,7 +35,7 @@ want fcgemm && step fcgemm "$PY" tools/fc_gemm_timing.py --out "$OUT/files/fc_ge
 want winograd && step winograd "$PY" tools/conv_timing.py --kernels winograd --out "$OUT/files/winograd"
 want wexplore && step wexplore "$PY" tools/conv_timing.py --kernels winograd --explore --repeat 10 --out "$OUT/files/winograd"
 want tc && step tc "$PY" tools/conv_timing.py --kernels tc --out "$OUT/files/tc"
-want tcexplore && step tcexplore "$PY" tools/conv_timing.py --kernels tc --explore --repeat ${TC_REPEAT:-10} --save --out "$OUT/files/tc" && cp results/tensor_cores.json "$OUT/files/tensor_cores.json"
+want tcexplore && step tcexplore "$PY" tools/conv_timing.py --kernels tc --explore --repeat ${TC_REPEAT:-10} ${TC_WORKLOADS:+--workloads $TC_WORKLOADS} --save --out "$OUT/files/tc" && cp results/tensor_cores.json "$OUT/files/tensor_cores.json"
 want nb10 && step nb10 "$PY" tools/execute_solutions.py --gpu --out "$OUT/files/notebooks" 10
 want bench && step bench labkit bench ${BENCH_STAGES:+--stages $BENCH_STAGES} --nets ${BENCH_NETS:-cifar10,fashion,ece408} --repeat ${BENCH_REPEAT:-5} --budget ${BENCH_BUDGET:-2} \
   --per-image-max ${BENCH_PER_IMAGE_MAX:-1200} --skip '02 cpu_prange_reduction' --random-weights --out "$OUT/files/bench"
