@@ -329,7 +329,7 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
 #pragma unroll
                     for (int r = 0; r < 4; ++r) acc[mt][nt][r] = lo[mt][nt][r] = 0.0f;
             }
-#pragma unroll 2
+#pragma unroll (KSTEPS <= 8 ? 8 : 2)  // a short k loop whole: cifar10's conv1 takes 5 steps
             for (int ks = 0; ks < KSTEPS && F16; ++ks) {
                 // lane (g, t) takes k = 2t, 2t + 1 (ka) and 2t + 8, 2t + 9 (kb) of rows g and g + 8
                 const int2 ka = *reinterpret_cast<const int2*>(koff + ks * 16 + 2 * t);
@@ -561,16 +561,17 @@ def conv_split3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int
 
 
 def config_named(name: str) -> Config:
-    """A configuration by its name: one of ``CONFIGS``, or ``w<warps> mt<tiles> i<images> [r<round>]``."""
+    """A configuration by its name: one of ``CONFIGS``, or ``w<warps> mt<tiles> i<images> [m<minb>] [r<round>]
+    [bpre] [apre] [f16]``."""
     if name in CONFIGS:
         return CONFIGS[name]
-    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: r([01]))?( bpre)?( apre)?( f16)?", name.strip())
+    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: m(\d))?(?: r([01]))?( bpre)?( apre)?( f16)?", name.strip())
     if not found:
         raise ValueError(f"tensor_cores: no configuration {name!r}; name one of {', '.join(CONFIGS)} or "
-                         f"'w<warps> mt<tiles> i<images> r<0|1> [bpre] [apre] [f16]'")
-    w, mt, i, r, bpre, apre, f16 = found.groups()
-    return Config(name, warps=int(w), mt=int(mt), imgs=int(i), round=int(r or 1), bpre=int(bool(bpre)),
-                  apre=int(bool(apre)), f16=int(bool(f16)))
+                         f"'w<warps> mt<tiles> i<images> [m<blocks>] [r<0|1>] [bpre] [apre] [f16]'")
+    w, mt, i, minb, r, bpre, apre, f16 = found.groups()
+    return Config(name, warps=int(w), mt=int(mt), imgs=int(i), minb=int(minb or 2), round=int(r or 1),
+                  bpre=int(bool(bpre)), apre=int(bool(apre)), f16=int(bool(f16)))
 
 
 def save_choices(entries: list[dict], path: Path | None = None) -> dict:

@@ -176,9 +176,8 @@ def explore_configs(kind: str) -> list:
         return [winograd.Config(f"mg{mg} t{threads} minb{minb}", mg=mg, threads=threads, min_blocks=minb)
                 for mg in (4, 8, 16) for threads in (128, 256) for minb in (1, 2)]
     kept = ["w4 mt1 i1 apre f16", "w8 mt2 i1 apre f16", "w8 mt1 i2 apre f16"]
-    shapes = ((8, 3, 1), (6, 2, 1), (12, 1, 1), (12, 2, 1), (4, 3, 1), (4, 1, 4), (8, 1, 4), (6, 1, 2), (8, 1, 3),
-              (12, 1, 2))
-    return [tensor_cores.config_named(n) for n in kept + [f"w{w} mt{mt} i{i} apre f16" for w, mt, i in shapes]]
+    return [tensor_cores.config_named(n) for n in kept + [n.replace(" apre", " m1 apre") for n in kept]
+            + ["w4 mt1 i2 apre f16", "w8 mt1 i1 apre f16", "w4 mt2 i1 apre f16", "w8 mt1 i3 apre f16"]]
 
 
 def explore(repeat: int, warmup: int, say=print, kinds=tuple(KINDS)) -> list[dict]:
