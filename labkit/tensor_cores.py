@@ -22,15 +22,15 @@ On a machine without a GPU it runs on the CPU emulation of CUDA C (``labkit.cuda
 warp's MMA and shuffle are emulated in the source (a warp's fragments meet in shared memory), the rest is the same
 code.
 
-Measured on an H100 (``results/h100-2026-11-26d``, ``tools/conv_timing.py --kernels tc``): right everywhere, to
-1e-6 to 4e-6 of the float64 conv (the direct kernels: about 1e-7; the MMA's fp32 sums are not rounded as FMA's are),
-and at 0.42 to 1.33 times the speed of stage 09's direct register tiles per layer: 1.07 and 1.12 on cifar10's conv1
-and conv2 at 50000 images, 1.16 on fashion's conv2, 1.33 on ece408's; slower on the one-channel first layers and on
-cifar10's conv3. Rounding the parts to nearest (``cvt.rna``) cost 25 to 50 per cent over the mask. The arithmetic
-says why it stops there: an H100's ``mma.sync`` runs TF32 at a fraction of the Hopper tensor cores' peak (which
-needs the asynchronous warpgroup MMA), and three products for every fp32 one leave about the FMA units' own rate,
-while every value still takes shared-memory loads and integer work a direct tile does not. Stage 10 keeps the
-direct kernels; the module stays as the measured record of the step and the place to take it further (wgmma).
+Measured on an H100 (``results/h100-2026-11-26d``, ``tools/conv_timing.py --kernels tc``; ``tools/mma_rates.py``):
+``mma.sync`` multiplies TF32 at 162 T multiply-adds a second and fp16 at 325 T, against the FMA units' 32 T. Three
+TF32 products an fp32 one leave 1.7 times the FMA rate, and the 3xTF32 conv ran at 0.42 to 1.33 times stage 09's
+direct register tiles per layer, with errors of 1e-6 to 4e-6 (its fp32 sums are not rounded as FMA's are). The fp16
+split (``f16``; ``apre``: the staged images split once, a word holding a value's two halves) leaves 3.4 times and
+ran up to 1.5 times the direct kernels' speed on the layers with many channels (cifar10's conv2 3.33 ms against
+5.02, fashion's conv2 2.08 against 3.13), with errors of 1e-7 to 8e-7; the one-channel first layers stay direct.
+``tools/conv_timing.py --save`` records per workload and layer the quickest configuration or none
+(``results/tensor_cores.json``); ``tuned`` gives stage 10 the layers that have one.
 """
 
 from __future__ import annotations
