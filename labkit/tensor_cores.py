@@ -72,6 +72,9 @@ SOURCE = r"""
 #define SMEM_FLOATS (WF_FLOATS + KSTEPS * KS + XS_FLOATS * (APRE && !F16 ? 2 : 1))
 // F16: the small parts are kept 2^11 times larger (fp16's range), their sums scaled back at the end
 #define LO_SCALE 2048.0f
+// BREG: a short k loop's B fragments (the weights) held in registers for the block's whole run (4 per k step and map
+// tile), instead of read from shared memory for every tile
+#define USE_BREG (BREG && F16 && KSTEPS <= 8)
 
 extern "C" {
 
@@ -292,6 +295,14 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
         int c = k / (R * R), p = k % (R * R) / R, q = k % R;
         koff[k] = k < K_REAL ? c * WIN + p * WW + q : 0;  // past K: any pixel, its weight is 0
     }
+    uint4 breg[USE_BREG ? KSTEPS : 1][NT];
+    if (USE_BREG) {
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < (USE_BREG ? KSTEPS : 1); ++ks)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) breg[ks][nt] = wp[(ks * NT + nt) * 32 + lane];
+    }
 
     for (int group = blockIdx.x; group * IMGS < N; group += gridDim.x) {
         const int n0 = group * IMGS;
@@ -336,7 +347,8 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
                 const int2 kb = *reinterpret_cast<const int2*>(koff + ks * 16 + 2 * t + 8);
                 uint4 bq[NT];
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) bq[nt] = wp[(ks * NT + nt) * 32 + lane];
+                for (int nt = 0; nt < NT; ++nt)
+                    bq[nt] = USE_BREG ? breg[USE_BREG ? ks : 0][nt] : wp[(ks * NT + nt) * 32 + lane];
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     const int o0 = off[mt][0], o1 = off[mt][1];
@@ -448,7 +460,8 @@ class Config:
     twice as large); ``bpre``, ``apre``: the weights' (the staged images') parts split once into shared memory
     (twice the room) instead of at every use; ``f16``: the split into fp16 halves instead (``mma.sync`` m16n8k16,
     twice TF32's rate; the weights split once; ``round`` and ``bpre`` do not apply; with ``apre`` the staged
-    images are split once into words of two halves, big and small, which byte permutes pair up)."""
+    images are split once into words of two halves, big and small, which byte permutes pair up; ``breg``: with
+    f16 and at most 8 k steps, the weights' fragments held in registers for the block's whole run)."""
 
     name: str
     warps: int = 4
@@ -459,6 +472,7 @@ class Config:
     bpre: int = 0
     apre: int = 0
     f16: int = 0
+    breg: int = 0
 
 
 #: the configurations a GPU run compares (``tools/conv_timing.py``): the default (TF32 parts rounded to nearest), and
@@ -507,7 +521,8 @@ class Plan:
     def macros(self) -> tuple[str, ...]:
         c = self.config
         values = dict(C=self.C, M=self.M, H=self.H, W=self.W, PAD=self.pad, R=R, ACT=self.act,
-                      P=2 if self.pool else 1, WARPS=c.warps, MT=c.mt, IMGS=c.imgs, MINB=c.minb, ROUND=c.round, BPRE=c.bpre, APRE=c.apre, F16=c.f16)
+                      P=2 if self.pool else 1, WARPS=c.warps, MT=c.mt, IMGS=c.imgs, MINB=c.minb, ROUND=c.round,
+                      BPRE=c.bpre, APRE=c.apre, F16=c.f16, BREG=c.breg)
         return tuple(f"-D{k}={v}" for k, v in values.items())
 
 
@@ -562,16 +577,16 @@ def conv_split3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int
 
 def config_named(name: str) -> Config:
     """A configuration by its name: one of ``CONFIGS``, or ``w<warps> mt<tiles> i<images> [m<minb>] [r<round>]
-    [bpre] [apre] [f16]``."""
+    [bpre] [apre] [f16] [breg]``."""
     if name in CONFIGS:
         return CONFIGS[name]
-    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: m(\d))?(?: r([01]))?( bpre)?( apre)?( f16)?", name.strip())
+    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: m(\d))?(?: r([01]))?( bpre)?( apre)?( f16)?( breg)?", name.strip())
     if not found:
         raise ValueError(f"tensor_cores: no configuration {name!r}; name one of {', '.join(CONFIGS)} or "
-                         f"'w<warps> mt<tiles> i<images> [m<blocks>] [r<0|1>] [bpre] [apre] [f16]'")
-    w, mt, i, minb, r, bpre, apre, f16 = found.groups()
+                         f"'w<warps> mt<tiles> i<images> [m<blocks>] [r<0|1>] [bpre] [apre] [f16] [breg]'")
+    w, mt, i, minb, r, bpre, apre, f16, breg = found.groups()
     return Config(name, warps=int(w), mt=int(mt), imgs=int(i), minb=int(minb or 2), round=int(r or 1),
-                  bpre=int(bool(bpre)), apre=int(bool(apre)), f16=int(bool(f16)))
+                  bpre=int(bool(bpre)), apre=int(bool(apre)), f16=int(bool(f16)), breg=int(bool(breg)))
 
 
 def save_choices(entries: list[dict], path: Path | None = None) -> dict:

@@ -175,9 +175,10 @@ def explore_configs(kind: str) -> list:
     if kind == "winograd":
         return [winograd.Config(f"mg{mg} t{threads} minb{minb}", mg=mg, threads=threads, min_blocks=minb)
                 for mg in (4, 8, 16) for threads in (128, 256) for minb in (1, 2)]
-    kept = ["w4 mt1 i1 apre f16", "w8 mt2 i1 apre f16", "w8 mt1 i2 apre f16"]
-    return [tensor_cores.config_named(n) for n in kept + [n.replace(" apre", " m1 apre") for n in kept]
-            + ["w4 mt1 i2 apre f16", "w8 mt1 i1 apre f16", "w4 mt2 i1 apre f16", "w8 mt1 i3 apre f16"]]
+    kept = ["w4 mt2 i1 apre f16", "w8 mt2 i1 m1 apre f16", "w8 mt1 i2 apre f16"]
+    breg = [f"w{w} mt{mt} i{i} apre f16 breg" for w, mt, i in ((4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1),
+                                                              (4, 1, 2), (4, 2, 2), (8, 1, 2))]
+    return [tensor_cores.config_named(n) for n in kept + breg]
 
 
 def explore(repeat: int, warmup: int, say=print, kinds=tuple(KINDS)) -> list[dict]:
