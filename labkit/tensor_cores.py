@@ -79,7 +79,9 @@ SOURCE = r"""
 extern "C" {
 
 // a NaN stays a NaN through the activation and the pool (fmaxf would drop it): an F16 input out of range shows
-__device__ __forceinline__ float activate(float v) { return ACT == 1 ? (v != v ? v : fmaxf(v, 0.0f)) : ACT == 2 ? tanhf(v) : v; }
+__device__ __forceinline__ float activate(float v) {
+    return ACT == 1 ? (v != v ? v : fmaxf(v, 0.0f)) : ACT == 2 ? tanhf(v) : v;
+}
 __device__ __forceinline__ float max_nan(float a, float b) { return (a != a || a > b) ? a : b; }
 
 #ifdef __CUDACC__
@@ -110,7 +112,8 @@ __device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
     return d;
 }
 __device__ __forceinline__ void unpack_h2(unsigned d, float& lo, float& hi) {
-    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(d));
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
+        : "=f"(lo), "=f"(hi) : "r"(d));
 }
 // the low halves of a and b as one word (a's low), and their high halves
 __device__ __forceinline__ unsigned low_halves(unsigned a, unsigned b) { return __byte_perm(a, b, 0x5410); }
@@ -133,7 +136,9 @@ __shared__ __align__(16) float smem[SMEM_FLOATS];
 static inline unsigned as_bits(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 static inline float as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 // cvt.rna.tf32.f32 (round to nearest, ties away from zero, to 10 mantissa bits), or the mask (toward zero)
-static inline unsigned to_tf32(float v) { return ROUND ? (as_bits(v) + 0x1000u) & 0xffffe000u : as_bits(v) & 0xffffe000u; }
+static inline unsigned to_tf32(float v) {
+    return ROUND ? (as_bits(v) + 0x1000u) & 0xffffe000u : as_bits(v) & 0xffffe000u;
+}
 
 static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     __shared__ unsigned emu_a[THREADS][4];
@@ -225,7 +230,9 @@ static float xor4(float v) {
 #endif
 
 // F16: a value fp16 cannot hold (or a NaN) becomes a NaN, so that every output it reaches is one
-__device__ __forceinline__ float in_range(float v) { return (!F16 || fabsf(v) <= 65504.0f) ? v : as_float(0x7fc00000u); }
+__device__ __forceinline__ float in_range(float v) {
+    return (!F16 || fabsf(v) <= 65504.0f) ? v : as_float(0x7fc00000u);
+}
 
 // fp32 v as two TF32 numbers: big + small == v to about 2^-22 of v
 __device__ __forceinline__ void split(float v, unsigned& big, unsigned& small) {
@@ -316,7 +323,7 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
                 unsigned big, small;
                 split_h2(v, 0.0f, big, small);
                 xsu[i] = low_halves(big, small);
-            } else if (APRE) {  // the TF32 parts, big then (XS_FLOATS on) small, split once here instead of at every use
+            } else if (APRE) {  // the TF32 parts, big then (XS_FLOATS on) small, split once here
                 unsigned big, small;
                 split(v, big, small);
                 xsu[i] = big;

@@ -115,7 +115,8 @@ def test_what_it_does_not_do_is_refused_in_one_line(bad, words):
 
 
 def test_a_configuration_name_that_means_nothing_is_refused_in_one_line():
-    assert tensor_cores.config_named("w8 mt2 i4 r0") == tensor_cores.Config("w8 mt2 i4 r0", warps=8, mt=2, imgs=4, round=0)
+    want = tensor_cores.Config("w8 mt2 i4 r0", warps=8, mt=2, imgs=4, round=0)
+    assert tensor_cores.config_named("w8 mt2 i4 r0") == want
     with pytest.raises(ValueError, match="no configuration") as err:
         tensor_cores.config_named("fast please")
     assert "\n" not in str(err.value)

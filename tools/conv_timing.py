@@ -111,7 +111,8 @@ def candidates(net_name: str, group, kinds=tuple(KINDS)) -> list[tuple[str, obje
     rows = [(DIRECT, layers.impl_for(impls, group[0]))]
     for kind in kinds:
         fn = given_conv(kind)
-        rows += [(f"{kind} {name}", lambda *a, fn=fn, name=name: fn(*a, config=name)) for name in KINDS[kind][0].CONFIGS]
+        rows += [(f"{kind} {name}", lambda *a, fn=fn, name=name: fn(*a, config=name))
+                 for name in KINDS[kind][0].CONFIGS]
     return rows
 
 
@@ -256,7 +257,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", metavar="NET:IMAGES,...",
                     help="only these of the issue's workloads, e.g. cifar10:50000 (default: all four)")
     ap.add_argument("--save", action="store_true",
-                    help="record the fastest tensor-core configuration per layer (or none) in results/tensor_cores.json")
+                    help="record the quickest tensor-core configuration per layer (or none) in "
+                         "results/tensor_cores.json")
     ap.add_argument("--save-from", type=Path, metavar="JSON",
                     help="record them from a GPU run's conv_timing.json or conv_explore.json instead of running")
     args = ap.parse_args(argv)
