@@ -238,3 +238,23 @@ def test_a_named_compiler_that_is_not_there_says_so(monkeypatch):
     finally:
         monkeypatch.delenv(compiler.ENV)
         compiler.find_compiler.cache_clear()
+
+
+def _mappings() -> int:
+    return len(Path("/proc/self/maps").read_text().splitlines())
+
+
+@on_cpu
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts the process's mappings in /proc/self/maps")
+def test_a_launch_gives_its_thread_stacks_back():
+    """Every thread's stack has a guard page, a mapping of its own; a process that loads many kernels' libraries
+    (a timing tool's configurations) hit the kernel's mapping limit when each library kept its stacks."""
+    kept = []
+    before = _mappings()
+    for k in range(3):  # three libraries of their own, each launched with 1024 threads
+        m = cudacpu.Module(NEIGHBOURS, (f"-DTHE_COPY={k}", ))
+        out = np.zeros(1024, np.float32)
+        m.get_function("store_at")((1,), (1024,), (out,))
+        assert (out == 1.0).all()
+        kept.append(m)
+    assert _mappings() - before < 300, "the stacks of finished launches are still mapped"

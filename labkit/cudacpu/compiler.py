@@ -114,7 +114,7 @@ def build(code: str, options=()) -> Path:
     options = tuple(str(o) for o in options)
     unit = translation_unit(code)
     tools = [*command, version(command), sources.HEADER, *FLAGS]
-    target = cache_folder() / f"{_key(unit, *options, *tools)}.so"
+    target = cache_folder() / f"{_key(unit, *options, *tools, sources.LAUNCHER)}.so"  # the launcher is linked in
     if target.exists():
         return target
     launcher = cache_folder() / f"launcher-{_key(sources.LAUNCHER, *tools)}.o"

@@ -141,6 +141,14 @@ static bool reserve(unsigned n) {
     capacity = n;
     return true;
 }
+
+// a launch's stacks go back when it ends: every guard page is a mapping of its own, and a process that loads many
+// kernels' libraries (each with its own launcher) would otherwise keep them all, up to the kernel's mapping limit
+static void release() {
+    if (stacks) munmap(stacks, (size_t)capacity * STACK);
+    free(threads);
+    stacks = nullptr, threads = nullptr, capacity = 0;
+}
 }  // namespace cudacpu
 
 extern "C" void cudacpu_syncthreads(void) {
@@ -218,6 +226,7 @@ extern "C" __attribute__((visibility("default"))) int cudacpu_launch(void (*call
     sigaction(SIGSEGV, &old_segv, nullptr);
     sigaction(SIGBUS, &old_bus, nullptr);
     sigaltstack(&old_alt, nullptr);
+    release();
     return status;
 }
 
