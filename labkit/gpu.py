@@ -183,6 +183,10 @@ def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
                      threads=n_blocks * per_block, kernel=kernel)
 
 
+#: dynamic shared memory a kernel may take without asking (cudaFuncSetAttribute) for more
+STATIC_SHARED = 48 * 1024
+
+
 def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
     """Launch a CUDA C kernel of ``raw_module`` (``kernel(grid, block, args)``; a cupy RawModule's or the CPU
     emulation's), counted and recorded like every other launch. Array arguments may be cupy arrays or any C-contiguous device array (numba's, PyTorch's):
@@ -197,6 +201,9 @@ def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
     lane = streams.current()
     on_lane = lane.cupy if lane is not None and lane.cupy is not None and not on_cpu else nullcontext()
     n_blocks, per_block = math.prod(grid), math.prod(block)
+    allowed = 0 if on_cpu else getattr(kernel, "max_dynamic_shared_size_bytes", 0)
+    if shared_bytes > max(STATIC_SHARED, allowed) and not on_cpu:
+        kernel.max_dynamic_shared_size_bytes = shared_bytes  # above 48 KB a kernel must be allowed it first
 
     def call():
         with on_lane:

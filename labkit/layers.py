@@ -109,6 +109,17 @@ def fused_codes(group: tuple[Layer, ...]) -> tuple[int, int]:
     return act, pool
 
 
+def refuse_unless_5x5(who: str, x, w, stride: int, pool: int) -> None:
+    """The one-line refusal of the kit's given CUDA C convs (Winograd, tensor cores), which take 5 x 5 filters at
+    stride 1 and a fused pool of 2 x 2 or none."""
+    ch = x.shape[1]
+    if tuple(w.shape[1:]) != (ch, 5, 5) or stride != 1:
+        raise ValueError(f"{who}: takes 5 x 5 filters at stride 1 over the input's {ch} channels (got weights "
+                         f"{tuple(w.shape)}, stride {stride}): use a direct conv there")
+    if pool not in (0, 2):
+        raise ValueError(f"{who}: a fused pool must be 2 x 2, not {pool}")
+
+
 def fused_args(group: tuple[Layer, ...], x, weights: dict, out) -> tuple:
     """The arguments of a fused conv group: the conv's, then the activation code and the pooling window."""
     return (*args(group[0], x, weights, out), *fused_codes(group))

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gpu
+from . import gpu, layers
 from .ledger import repo_root
 
 R = 5
@@ -140,28 +140,6 @@ static inline unsigned to_tf32(float v) {
     return ROUND ? (as_bits(v) + 0x1000u) & 0xffffe000u : as_bits(v) & 0xffffe000u;
 }
 
-static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    __shared__ unsigned emu_a[THREADS][4];
-    __shared__ unsigned emu_b[THREADS][2];
-    int me = threadIdx.x, base = me & ~31, g = (me & 31) >> 2, t = me & 3;
-    for (int i = 0; i < 4; ++i) emu_a[me][i] = a[i];
-    emu_b[me][0] = b0;
-    emu_b[me][1] = b1;
-    __syncthreads();
-    for (int r = 0; r < 4; ++r) {
-        int row = g + 8 * (r >> 1), col = 2 * t + (r & 1);
-        float s = d[r];
-        for (int k = 0; k < 8; ++k) {
-            // A[row][k] is lane (row % 8, k % 4)'s register (row / 8) + 2 (k / 4); B[k][col] lane (col, k % 4)'s k / 4
-            float av = as_float(emu_a[base + (row % 8) * 4 + k % 4][row / 8 + 2 * (k / 4)]);
-            float bv = as_float(emu_b[base + col * 4 + k % 4][k / 4]);
-            s += av * bv;
-        }
-        d[r] = s;
-    }
-    __syncthreads();
-}
-
 // fp16 by hand: round to nearest even, subnormals, overflow to infinity (cvt.rn.f16.f32); and back
 static unsigned f2h(float f) {
     unsigned x = as_bits(f), sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
@@ -196,7 +174,14 @@ static inline unsigned low_halves(unsigned a, unsigned b) { return (a & 0xffffu)
 static inline unsigned high_halves(unsigned a, unsigned b) { return (a >> 16) | (b & 0xffff0000u); }
 static inline void unpack_h2(unsigned d, float& lo, float& hi) { lo = h2f(d & 0xffffu), hi = h2f(d >> 16); }
 
-static void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+// a warp's MMA: its lanes' fragments meet in shared memory between two barriers. e elements a register: 1 (TF32,
+// m16n8k8) or 2 (fp16 halves, m16n8k16). A[row][k] is lane (row % 8, k % 4e / e)'s register row / 8 + 2 (k / 4e),
+// B[k][col] lane (col, k % 4e / e)'s register k / 4e; with halves, element k % 2 of the register
+static float element(int e, unsigned word, int k) {
+    return e == 1 ? as_float(word) : h2f(k % 2 ? word >> 16 : word & 0xffffu);
+}
+
+static void warp_mma(int e, float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     __shared__ unsigned emu_a[THREADS][4];
     __shared__ unsigned emu_b[THREADS][2];
     int me = threadIdx.x, base = me & ~31, g = (me & 31) >> 2, t = me & 3;
@@ -207,17 +192,17 @@ static void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b
     for (int r = 0; r < 4; ++r) {
         int row = g + 8 * (r >> 1), col = 2 * t + (r & 1);
         float s = d[r];
-        for (int k = 0; k < 16; ++k) {
-            // A[row][k]: lane (row % 8, k % 8 / 2)'s register row / 8 + 2 (k / 8), half k % 2; B[k][col]: lane
-            // (col, k % 8 / 2)'s register k / 8, half k % 2
-            unsigned aw = emu_a[base + (row % 8) * 4 + k % 8 / 2][row / 8 + 2 * (k / 8)];
-            unsigned bw = emu_b[base + col * 4 + k % 8 / 2][k / 8];
-            s += h2f(k % 2 ? aw >> 16 : aw & 0xffffu) * h2f(k % 2 ? bw >> 16 : bw & 0xffffu);
+        for (int k = 0; k < 8 * e; ++k) {
+            unsigned aw = emu_a[base + (row % 8) * 4 + k % (4 * e) / e][row / 8 + 2 * (k / (4 * e))];
+            unsigned bw = emu_b[base + col * 4 + k % (4 * e) / e][k / (4 * e)];
+            s += element(e, aw, k) * element(e, bw, k);
         }
         d[r] = s;
     }
     __syncthreads();
 }
+static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { warp_mma(1, d, a, b0, b1); }
+static void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) { warp_mma(2, d, a, b0, b1); }
 
 static float xor4(float v) {
     __shared__ float emu_v[THREADS];
@@ -542,20 +527,13 @@ def module(macros: tuple[str, ...]):
 def plan_for(x, w, pad: int, stride: int, act: int, pool: int, config: str | Config = DEFAULT) -> Plan:
     """The plan of a call, or a one-line refusal of what the kernel does not do."""
     c = config_named(config) if isinstance(config, str) else config
+    layers.refuse_unless_5x5("conv_split3", x, w, stride, pool)
     n, ch, h, wd = x.shape
-    if tuple(w.shape[1:]) != (ch, R, R) or stride != 1:
-        raise ValueError(f"conv_split3: takes 5 x 5 filters at stride 1 over the input's {ch} channels (got "
-                         f"weights {tuple(w.shape)}, stride {stride}): use a direct conv there")
-    if pool not in (0, 2):
-        raise ValueError(f"conv_split3: a fused pool must be 2 x 2, not {pool}")
     p = Plan(c, ch, int(w.shape[0]), h, wd, pad, act, pool)
     if p.shared_bytes > SHARED_LIMIT:
         raise ValueError(f"conv_split3: {c.imgs} staged image(s) and the weights need {p.shared_bytes} bytes of "
                          f"shared memory a block, over {SHARED_LIMIT}: use a configuration with fewer images")
     return p
-
-
-_SHARED_SET: set = set()
 
 
 def _multiprocessors() -> int:
@@ -567,19 +545,14 @@ def _multiprocessors() -> int:
 def conv_split3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int = 0,
                 config: str | Config = DEFAULT) -> None:
     """A conv layer function (the fused conv convention: device arrays x (N, C, H, W), w (M, C, 5, 5), b (M,),
-    out) on the tensor cores with the 3xTF32 split."""
+    out) on the tensor cores, with the split its configuration names (TF32 or fp16 halves)."""
     p = plan_for(x, w, pad, stride, act, pool, config)
     kernel = module(p.macros()).get_function("conv_split3")
     n = int(x.shape[0])
     groups = -(-n // p.config.imgs)
     grid = max(1, min(groups, BLOCKS_PER_SM * _multiprocessors()))
-    if gpu.cuda_c_on_cpu():  # the emulation's shared array has its size in the source
-        gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)))
-        return
-    if p not in _SHARED_SET:  # above 48 KB a kernel must be allowed its dynamic shared memory, once
-        kernel.max_dynamic_shared_size_bytes = p.shared_bytes
-        _SHARED_SET.add(p)
-    gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)), shared_bytes=p.shared_bytes)
+    shared = 0 if gpu.cuda_c_on_cpu() else p.shared_bytes  # the emulation's shared array has its size in the source
+    gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)), shared_bytes=shared)
 
 
 def config_named(name: str) -> Config:

@@ -40,7 +40,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import gpu
+from . import gpu, layers
 
 #: the output tile's side (m) and the filter's (r): F(m x m, r x r) reads tiles of m + r - 1
 M_OUT, R = 2, 5
@@ -254,7 +254,7 @@ class Config:
             raise ValueError(f"Config {self.name}: mg a positive multiple of 4, threads of 32, min_blocks at least 1")
 
 
-#: the configurations a GPU run compares (``tools/winograd_timing.py``); ``DEFAULT`` where a call names none
+#: the configurations a GPU run compares (``tools/conv_timing.py --kernels winograd``); ``DEFAULT`` where a call names none
 CONFIGS = {
     "mg8": Config("mg8", mg=8, threads=128),
     "mg4": Config("mg4", mg=4, threads=128),
@@ -319,12 +319,8 @@ SHARED_LIMIT = 48 * 1024
 def plan_for(x, w, pad: int, stride: int, act: int, pool: int, config: str | Config = DEFAULT) -> Plan:
     """The plan of a call, or a one-line refusal of what the kernel does not do."""
     c = CONFIGS[config] if isinstance(config, str) else config
+    layers.refuse_unless_5x5("conv_winograd", x, w, stride, pool)
     n, ch, h, wd = x.shape
-    if tuple(w.shape[1:]) != (ch, R, R) or stride != 1:
-        raise ValueError(f"conv_winograd: F(2, 5) takes 5 x 5 filters at stride 1 over the input's {ch} channels "
-                         f"(got weights {tuple(w.shape)}, stride {stride}): use a direct conv there")
-    if pool not in (0, 2):
-        raise ValueError(f"conv_winograd: a fused pool must be 2 x 2 (a tile's two rows are one window), not {pool}")
     p = Plan(c, ch, int(w.shape[0]), h, wd, pad, act, pool)
     if 4 * p.slab > SHARED_LIMIT:
         raise ValueError(f"conv_winograd: {ch} input channels x {c.mg} outputs a thread need {4 * p.slab} bytes of "

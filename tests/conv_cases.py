@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from labkit import reference
+from labkit import gpu, reference
 
 #: (images, channels, rows, columns, maps, pad, activation, pool): odd maps, overhanging tiles, a pool that drops a
 #: row and a column (odd conv output), one channel, padding 0 and 2
@@ -22,3 +22,16 @@ def case(seed, n, c, h, wd, m):
     w = (rng.standard_normal((m, c, 5, 5), dtype=np.float32) / np.sqrt(25 * c)).astype(np.float32)
     b = rng.standard_normal(m, dtype=np.float32)
     return x, w, b
+
+
+def run(conv, x, w, b, pad, act, pool, shape, **kwargs) -> np.ndarray:
+    """``conv`` (the fused conv convention) on device copies, into a NaN-poisoned output: an unwritten one stays NaN."""
+    out = gpu.to_device(np.full(shape, np.nan, np.float32))
+    conv(gpu.to_device(x), gpu.to_device(w), gpu.to_device(b), out, pad, 1, act, pool, **kwargs)
+    return gpu.as_host(out)
+
+
+def rel_error(got, want) -> float:
+    """‖got − want‖ / ‖want‖, after asserting that every output was written."""
+    assert np.isfinite(got).all(), f"{np.count_nonzero(~np.isfinite(got))} outputs unwritten"
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))

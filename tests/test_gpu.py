@@ -177,3 +177,22 @@ def test_a_numba_array_goes_to_a_raw_kernel_as_its_pointer():
     assert int(gpu._raw_arg(a, 0)) == a.__cuda_array_interface__["data"][0]
     with pytest.raises(ValueError, match="not C-contiguous"):
         gpu._raw_arg(a[:, 1:3], 0)
+
+
+def test_a_raw_kernel_above_48_kb_of_shared_memory_is_allowed_it_first():
+    """cudaFuncSetAttribute's job: a cupy kernel asking for more dynamic shared memory than 48 KB fails to launch
+    unless its maximum was raised first; launch_raw raises it (and never lowers it)."""
+
+    class Kernel:  # a cupy RawKernel's part that launch_raw uses
+        name = "fake"
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            assert shared_mem <= self.max_dynamic_shared_size_bytes, "launched before it was allowed"
+            self.launched = shared_mem
+
+    k = Kernel()
+    lk.gpu.launch_raw(k, 1, 32, (np.int32(1),), shared_bytes=100 * 1024)
+    assert k.launched == k.max_dynamic_shared_size_bytes == 100 * 1024
+    lk.gpu.launch_raw(k, 1, 32, (np.int32(1),), shared_bytes=60 * 1024)
+    assert k.launched == 60 * 1024 and k.max_dynamic_shared_size_bytes == 100 * 1024

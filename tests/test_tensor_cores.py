@@ -11,7 +11,7 @@ import pytest
 
 from labkit import check, gpu, layers, simulator, stages, tensor_cores
 
-from conv_cases import CASES, case, expected  # noqa: E402  (tests/ is on the path)
+from conv_cases import CASES, case, expected, rel_error, run  # noqa: E402  (tests/ is on the path)
 
 pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=stages.unavailable(("cuda_c",)) or "")
 
@@ -26,15 +26,7 @@ MAX_ERROR = 2e-6
 
 
 def _run(x, w, b, pad, act, pool, config=tensor_cores.DEFAULT, shape=None):
-    out = gpu.to_device(np.full(shape, np.nan, np.float32))  # poisoned: an unwritten output stays NaN
-    tensor_cores.conv_split3(gpu.to_device(x), gpu.to_device(w), gpu.to_device(b), out, pad, 1, act, pool,
-                             config=config)
-    return gpu.as_host(out)
-
-
-def _error(got, want):
-    assert np.isfinite(got).all(), f"{np.count_nonzero(~np.isfinite(got))} outputs unwritten"
-    return np.linalg.norm(got - want) / np.linalg.norm(want)
+    return run(tensor_cores.conv_split3, x, w, b, pad, act, pool, shape, config=config)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
@@ -43,7 +35,7 @@ def test_every_configuration_is_the_reference_conv(config, case_):
     n, c, h, wd, m, pad, act, pool = case_
     x, w, b = case(sum(case_), n, c, h, wd, m)
     want = expected(x, w, b, pad, act, pool)
-    error = _error(_run(x, w, b, pad, act, pool, config, want.shape), want)
+    error = rel_error(_run(x, w, b, pad, act, pool, config, want.shape), want)
     assert error < MAX_ERROR, f"relative error {error:.2e}"
 
 
@@ -52,7 +44,7 @@ def test_one_block_walks_every_group(monkeypatch):
     monkeypatch.setattr(tensor_cores, "BLOCKS_PER_SM", 0)  # a grid of one block
     x, w, b = case(3, 7, 3, 8, 8, 5)
     want = expected(x, w, b, 2, 1, 2)
-    assert _error(_run(x, w, b, 2, 1, 2, tensor_cores.CONFIGS["w4 mt2 i2 r0"], want.shape), want) < MAX_ERROR
+    assert rel_error(_run(x, w, b, 2, 1, 2, tensor_cores.CONFIGS["w4 mt2 i2 r0"], want.shape), want) < MAX_ERROR
 
 
 @pytest.mark.parametrize("config, line, cut", [
@@ -67,7 +59,7 @@ def test_without_the_small_parts_the_comparison_fails(monkeypatch, config, line,
     try:
         x, w, b = case(5, 2, 6, 9, 9, 12)
         want = expected(x, w, b, 2, 0, 0)
-        error = _error(_run(x, w, b, 2, 0, 0, tensor_cores.config_named(config), want.shape), want)
+        error = rel_error(_run(x, w, b, 2, 0, 0, tensor_cores.config_named(config), want.shape), want)
         assert error > 10 * MAX_ERROR
     finally:
         tensor_cores.module.cache_clear()
@@ -81,7 +73,7 @@ def test_the_fp16_split_keeps_its_accuracy_far_from_one(scale, bound, config):
     x, w, b = case(11, 3, 4, 8, 9, 8)
     x, b = (x * scale).astype(np.float32), (b * scale).astype(np.float32)
     want = expected(x, w, b, 2, 1, 2)
-    error = _error(_run(x, w, b, 2, 1, 2, tensor_cores.config_named(config), want.shape), want)
+    error = rel_error(_run(x, w, b, 2, 1, 2, tensor_cores.config_named(config), want.shape), want)
     assert error < bound, f"relative error {error:.2e}"
 
 
@@ -144,7 +136,7 @@ def test_the_timing_tools_choices_are_the_fastest_that_passed_and_stage_10_reads
     want = expected(x, w, b, 2, 1, 2)
     out = gpu.to_device(np.full(want.shape, np.nan, np.float32))
     impls["conv3"](gpu.to_device(x), gpu.to_device(w), gpu.to_device(b), out, 2, 1, 1, 2)
-    assert _error(gpu.as_host(out), want) < MAX_ERROR
+    assert rel_error(gpu.as_host(out), want) < MAX_ERROR
 
 
 def test_the_committed_choices_name_configurations_that_exist():
