@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gpu, layers
+from . import conv_banks, gpu, layers
 from .ledger import repo_root
 
 R = 5
@@ -52,11 +52,11 @@ SOURCE = r"""
 #define K_REAL (C * R * R)
 // k's an MMA takes: 8 (TF32, m16n8k8) or 16 (F16: fp16 halves, m16n8k16)
 #define KS (F16 ? 16 : 8)
-#define KSTEPS ((K_REAL + KS - 1) / KS)
+// NSLOTS k slots (K_REAL and zero weights past it); SROW, SCH: the staged window's row and channel strides in words
+#define KSTEPS (NSLOTS / KS)
 #define NT ((M + 7) / 8)
 #define WH (H + 2 * PAD)
 #define WW (W + 2 * PAD)
-#define WIN (WH * WW)
 #define HO (WH - R + 1)
 #define WO (WW - R + 1)
 #define HP (P == 2 ? HO / 2 : HO)
@@ -68,8 +68,8 @@ SOURCE = r"""
 #define THREADS (WARPS * 32)
 #define PASSES ((TILES + WARPS * MT - 1) / (WARPS * MT))
 #define WF_FLOATS (KSTEPS * NT * 32 * (BPRE || F16 ? 4 : 2))
-#define XS_FLOATS (IMGS * C * WIN)
-#define SMEM_FLOATS (WF_FLOATS + KSTEPS * KS + XS_FLOATS * (APRE && !F16 ? 2 : 1))
+#define XS_FLOATS (IMGS * C * SCH)
+#define SMEM_FLOATS (WF_FLOATS + NSLOTS + XS_FLOATS * (APRE && !F16 ? 2 : 1))
 // F16: the small parts are kept 2^11 times larger (fp16's range), their sums scaled back at the end
 #define LO_SCALE 2048.0f
 // BREG: a short k loop's B fragments (the weights) held in registers for the block's whole run (4 per k step and map
@@ -214,6 +214,27 @@ static float xor4(float v) {
 }
 #endif
 
+// KPERM: slot s takes k = KSLOTS[s], or (KSLOTS[s] >= K_REAL) a zero weight reading where k = KSLOTS[s] - K_REAL
+// reads (labkit.conv_banks: each load of a warp then hits 32 banks); else k = s, zero weights reading the pixel itself
+#ifdef KSLOTS
+__constant__ int kslots[NSLOTS] = {KSLOTS};
+#endif
+__device__ __forceinline__ int slot_k(int s) {
+#ifdef KSLOTS
+    return kslots[s] < K_REAL ? kslots[s] : -1;
+#else
+    return s < K_REAL ? s : -1;
+#endif
+}
+__device__ __forceinline__ int slot_offset(int s) {
+#ifdef KSLOTS
+    const int k = kslots[s] % K_REAL;
+#else
+    const int k = s < K_REAL ? s : 0;
+#endif
+    return k / (R * R) * SCH + k % (R * R) / R * SROW + k % R;
+}
+
 // F16: a value fp16 cannot hold (or a NaN) becomes a NaN, so that every output it reaches is one
 __device__ __forceinline__ float in_range(float v) {
     return (!F16 || fabsf(v) <= 65504.0f) ? v : as_float(0x7fc00000u);
@@ -243,7 +264,7 @@ __device__ __forceinline__ int pixel_offset(int tile, int r) {
         oy = 2 * oy + (r >> 3);
         ox = 2 * ox + (r & 1);
     }
-    return img * C * WIN + oy * WW + ox;
+    return img * C * SCH + oy * SROW + ox;
 }
 
 __global__ void __launch_bounds__(THREADS, MINB)
@@ -253,7 +274,7 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
     float2* wf = reinterpret_cast<float2*>(smem);
     uint4* wp = reinterpret_cast<uint4*>(smem);
     int* koff = reinterpret_cast<int*>(smem + WF_FLOATS);  // k -> its offset in an image's window
-    float* xs = smem + WF_FLOATS + KSTEPS * KS;  // [image][channel][row][column], zero-padded
+    float* xs = smem + WF_FLOATS + NSLOTS;  // [image][channel][row][column], zero-padded
     unsigned* xsu = reinterpret_cast<unsigned*>(xs);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 
@@ -262,8 +283,8 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
         int l = i & 31, m = (i >> 5) % NT * 8 + (l >> 2), k = i / (NT * 32) * 16 + 2 * (l & 3);
         float v[4];
         for (int e = 0; e < 4; ++e) {
-            int ke = k + (e & 1) + 8 * (e >> 1);
-            v[e] = (m < M && ke < K_REAL) ? in_range(w[m * K_REAL + ke]) : 0.0f;
+            int ke = slot_k(k + (e & 1) + 8 * (e >> 1));
+            v[e] = (m < M && ke >= 0) ? in_range(w[m * K_REAL + ke]) : 0.0f;
         }
         uint4 q;
         split_h2(v[0], v[1], q.x, q.z);
@@ -272,8 +293,9 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
     }
     for (int i = tid; i < KSTEPS * NT * 32 && !F16; i += THREADS) {
         int l = i & 31, m = (i >> 5) % NT * 8 + (l >> 2), k = i / (NT * 32) * 8 + (l & 3);
-        float b0 = (m < M && k < K_REAL) ? w[m * K_REAL + k] : 0.0f;
-        float b1 = (m < M && k + 4 < K_REAL) ? w[m * K_REAL + k + 4] : 0.0f;
+        const int k0 = slot_k(k), k1 = slot_k(k + 4);
+        float b0 = (m < M && k0 >= 0) ? w[m * K_REAL + k0] : 0.0f;
+        float b1 = (m < M && k1 >= 0) ? w[m * K_REAL + k1] : 0.0f;
         if (BPRE) {
             uint4 v;
             split(b0, v.x, v.z);
@@ -283,10 +305,7 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
             wf[i] = make_float2(b0, b1);
         }
     }
-    for (int k = tid; k < KSTEPS * KS; k += THREADS) {
-        int c = k / (R * R), p = k % (R * R) / R, q = k % R;
-        koff[k] = k < K_REAL ? c * WIN + p * WW + q : 0;  // past K: any pixel, its weight is 0
-    }
+    for (int k = tid; k < NSLOTS; k += THREADS) koff[k] = slot_offset(k);
     uint4 breg[USE_BREG ? KSTEPS : 1][NT];
     if (USE_BREG) {
         __syncthreads();
@@ -300,8 +319,8 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
         const int n0 = group * IMGS;
         __syncthreads();  // the previous group's reads of xs are done (and, the first time, wf and koff are in)
         for (int i = tid; i < XS_FLOATS; i += THREADS) {
-            int img = i / (C * WIN), rest = i % (C * WIN), c = rest / WIN, r = rest % WIN / WW - PAD,
-                s = rest % WW - PAD, n = n0 + img;
+            int img = i / (C * SCH), rest = i % (C * SCH), c = rest / SCH, r = rest % SCH / SROW - PAD,
+                s = rest % SCH % SROW - PAD, n = n0 + img;
             float v = (n < N && r >= 0 && r < H && s >= 0 && s < W) ? in_range(x[((size_t)(n * C + c) * H + r) * W + s])
                                                                      : 0.0f;
             if (F16 && APRE) {  // fp16's big half (low) and small one (high) in one word, split once here
@@ -453,7 +472,9 @@ class Config:
     (twice the room) instead of at every use; ``f16``: the split into fp16 halves instead (``mma.sync`` m16n8k16,
     twice TF32's rate; the weights split once; ``round`` and ``bpre`` do not apply; with ``apre`` the staged
     images are split once into words of two halves, big and small, which byte permutes pair up; ``breg``: with
-    f16 and at most 8 k steps, the weights' fragments held in registers for the block's whole run)."""
+    f16 and at most 8 k steps, the weights' fragments held in registers for the block's whole run); ``kperm``:
+    the staged rows and channels padded and the k's taken in an order whose loads hit 32 banks
+    (``labkit.conv_banks``)."""
 
     name: str
     warps: int = 4
@@ -465,6 +486,7 @@ class Config:
     apre: int = 0
     f16: int = 0
     breg: int = 0
+    kperm: int = 0
 
 
 #: the configurations a GPU run compares (``tools/conv_timing.py``): the default (TF32 parts rounded to nearest), and
@@ -502,19 +524,29 @@ class Plan:
     pool: int
 
     @property
+    def ks(self) -> int:
+        return 16 if self.config.f16 else 8
+
+    @functools.cached_property
+    def layout(self) -> conv_banks.Layout:
+        order = conv_banks.conflict_free if self.config.kperm else conv_banks.natural
+        return order(self.C, self.H, self.W, self.pad, self.ks, R)
+
+    @property
     def shared_bytes(self) -> int:
-        c = self.config
-        ks = 16 if c.f16 else 8
-        ksteps, nt = -(-self.C * R * R // ks), -(-self.M // 8)
-        window = (self.H + 2 * self.pad) * (self.W + 2 * self.pad)
-        return 4 * (ksteps * nt * 32 * (4 if c.bpre or c.f16 else 2) + ksteps * ks
-                    + c.imgs * self.C * window * (2 if c.apre and not c.f16 else 1))
+        c, lay = self.config, self.layout
+        ksteps, nt = len(lay.slots) // self.ks, -(-self.M // 8)
+        return 4 * (ksteps * nt * 32 * (4 if c.bpre or c.f16 else 2) + len(lay.slots)
+                    + c.imgs * self.C * lay.channel * (2 if c.apre and not c.f16 else 1))
 
     def macros(self) -> tuple[str, ...]:
-        c = self.config
+        c, lay = self.config, self.layout
         values = dict(C=self.C, M=self.M, H=self.H, W=self.W, PAD=self.pad, R=R, ACT=self.act,
                       P=2 if self.pool else 1, WARPS=c.warps, MT=c.mt, IMGS=c.imgs, MINB=c.minb, ROUND=c.round,
-                      BPRE=c.bpre, APRE=c.apre, F16=c.f16, BREG=c.breg)
+                      BPRE=c.bpre, APRE=c.apre, F16=c.f16, BREG=c.breg, SROW=lay.row, SCH=lay.channel,
+                      NSLOTS=len(lay.slots))
+        if c.kperm:
+            values["KSLOTS"] = ",".join(map(str, lay.slots))
         return tuple(f"-D{k}={v}" for k, v in values.items())
 
 
@@ -557,16 +589,18 @@ def conv_split3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int
 
 def config_named(name: str) -> Config:
     """A configuration by its name: one of ``CONFIGS``, or ``w<warps> mt<tiles> i<images> [m<minb>] [r<round>]
-    [bpre] [apre] [f16] [breg]``."""
+    [bpre] [apre] [f16] [breg] [kperm]``."""
     if name in CONFIGS:
         return CONFIGS[name]
-    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: m(\d))?(?: r([01]))?( bpre)?( apre)?( f16)?( breg)?", name.strip())
+    found = re.fullmatch(r"w(\d+) mt(\d+) i(\d+)(?: m(\d))?(?: r([01]))?( bpre)?( apre)?( f16)?( breg)?( kperm)?",
+                         name.strip())
     if not found:
         raise ValueError(f"tensor_cores: no configuration {name!r}; name one of {', '.join(CONFIGS)} or "
-                         f"'w<warps> mt<tiles> i<images> [m<blocks>] [r<0|1>] [bpre] [apre] [f16] [breg]'")
-    w, mt, i, minb, r, bpre, apre, f16, breg = found.groups()
+                         f"'w<warps> mt<tiles> i<images> [m<blocks>] [r<0|1>] [bpre] [apre] [f16] [breg] [kperm]'")
+    w, mt, i, minb, r, *flags = found.groups()
+    bpre, apre, f16, breg, kperm = (int(bool(f)) for f in flags)
     return Config(name, warps=int(w), mt=int(mt), imgs=int(i), minb=int(minb or 2), round=int(r or 1),
-                  bpre=int(bool(bpre)), apre=int(bool(apre)), f16=int(bool(f16)), breg=int(bool(breg)))
+                  bpre=bpre, apre=apre, f16=f16, breg=breg, kperm=kperm)
 
 
 def save_choices(entries: list[dict], path: Path | None = None) -> dict:

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=st
 SMALL = (tensor_cores.Config("tiny", warps=1, mt=1, imgs=2, round=0, bpre=1),
          tensor_cores.Config("two", warps=2, mt=3, apre=1), tensor_cores.config_named("w2 mt2 i3 r0 bpre apre"),
          tensor_cores.config_named("w1 mt3 i2 f16"), tensor_cores.config_named("w2 mt2 i3 apre f16"),
-         tensor_cores.config_named("w2 mt2 i2 apre f16 breg"))
+         tensor_cores.config_named("w2 mt2 i2 apre f16 breg"), tensor_cores.config_named("w2 mt2 i2 apre f16 kperm"),
+         tensor_cores.config_named("w1 mt3 i2 r0 bpre kperm"), tensor_cores.config_named("w2 mt1 i3 apre f16 breg kperm"))
 CONFIGS = [*tensor_cores.CONFIGS.values(), *SMALL]
 #: fp32's accuracy on these sums: a direct fp32 conv's own error here is about 1e-7
 MAX_ERROR = 2e-6

@@ -179,7 +179,8 @@ def explore_configs(kind: str) -> list:
     kept = ["w4 mt2 i1 apre f16", "w8 mt2 i1 m1 apre f16", "w8 mt1 i2 apre f16"]
     breg = [f"w{w} mt{mt} i{i} apre f16 breg" for w, mt, i in ((4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1),
                                                               (4, 1, 2), (4, 2, 2), (8, 1, 2))]
-    return [tensor_cores.config_named(n) for n in kept + breg]
+    names = kept + breg
+    return [tensor_cores.config_named(n) for n in names + [f"{n} kperm" for n in names]]
 
 
 def explore(repeat: int, warmup: int, say=print, kinds=tuple(KINDS)) -> list[dict]:

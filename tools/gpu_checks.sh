@@ -16,7 +16,7 @@ step() {
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
 }
 want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
-WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tc tcexplore nb10 bench
+WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tctests tc tcexplore nb10 bench
 want sandbox && step sandbox "$PY" tools/sandbox_gpu_check.py --out "$OUT/files/sandbox"
 want cudac && [ -f tools/cuda_c_wrong_kernels.py ] && step cudac "$PY" tools/cuda_c_wrong_kernels.py --out "$OUT/files/cudac"
 want tests && step tests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rs \
@@ -34,6 +34,8 @@ want recheck && step recheck "$PY" tools/recheck_candidate.py cifar10 conv2 "09 
 want fcgemm && step fcgemm "$PY" tools/fc_gemm_timing.py --out "$OUT/files/fc_gemm"
 want winograd && step winograd "$PY" tools/conv_timing.py --kernels winograd --out "$OUT/files/winograd"
 want wexplore && step wexplore "$PY" tools/conv_timing.py --kernels winograd --explore --repeat 10 --out "$OUT/files/winograd"
+want tctests && step tctests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs \
+  tests/test_tensor_cores.py tests/test_conv_banks.py
 want tc && step tc "$PY" tools/conv_timing.py --kernels tc --out "$OUT/files/tc"
 want tcexplore && step tcexplore "$PY" tools/conv_timing.py --kernels tc --explore --repeat ${TC_REPEAT:-10} ${TC_WORKLOADS:+--workloads $TC_WORKLOADS} --save --out "$OUT/files/tc" && cp results/tensor_cores.json "$OUT/files/tensor_cores.json"
 want nb10 && step nb10 "$PY" tools/execute_solutions.py --gpu --out "$OUT/files/notebooks" 10
