@@ -130,7 +130,9 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], uns
 struct __align__(8) float2 { float x, y; };  // the emulation has no vector types
 struct __align__(16) uint4 { unsigned x, y, z, w; };
 struct __align__(8) int2 { int x, y; };
+struct __align__(16) float4 { float x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 __shared__ __align__(16) float smem[SMEM_FLOATS];
 
 static inline unsigned as_bits(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -267,6 +269,58 @@ __device__ __forceinline__ int pixel_offset(int tile, int r) {
     return img * C * SCH + oy * SROW + ox;
 }
 
+// one staged value: as it is, or split once (APRE): fp16's big half (low) and small one (high) in one word, or the
+// TF32 parts, big then (XS_FLOATS on) small
+__device__ __forceinline__ void put(float* xs, int i, float v) {
+    unsigned* xsu = reinterpret_cast<unsigned*>(xs);
+    unsigned big, small;
+    if (F16 && APRE) {
+        split_h2(v, 0.0f, big, small);
+        xsu[i] = low_halves(big, small);
+    } else if (APRE) {
+        split(v, big, small);
+        xsu[i] = big;
+        xsu[XS_FLOATS + i] = small;
+    } else {
+        xs[i] = v;
+    }
+}
+
+// a group's images into the windows' interiors, STAGE_VEC consecutive values a chunk (float4 loads where vec) and
+// STAGE_UNROLL chunks' loads in flight a thread before any is stored; images past N are staged as zeros
+#define PLANE (H * W)
+#define STAGE_VEC (W % 4 == 0 ? 4 : 1)
+#define CHUNKS (IMGS * C * PLANE / STAGE_VEC)
+#define STAGE_UNROLL 4
+__device__ __forceinline__ void stage(const float* __restrict__ x, float* xs, int n0, int N, int tid, bool vec) {
+    for (int i0 = tid; i0 < CHUNKS; i0 += STAGE_UNROLL * THREADS) {
+        float v[STAGE_UNROLL][4];
+#pragma unroll
+        for (int u = 0; u < STAGE_UNROLL; ++u) {
+            const int i = i0 + u * THREADS;
+            const bool ok = i < CHUNKS && n0 + i * STAGE_VEC / (C * PLANE) < N;
+            const float* at = x + (size_t)n0 * C * PLANE + (size_t)i * STAGE_VEC;
+            if (STAGE_VEC == 4 && vec) {
+                const float4 q = ok ? *reinterpret_cast<const float4*>(at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                v[u][0] = q.x, v[u][1] = q.y, v[u][2] = q.z, v[u][3] = q.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < STAGE_VEC; ++j) v[u][j] = ok ? at[j] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE_UNROLL; ++u) {
+            const int e = (i0 + u * THREADS) * STAGE_VEC;
+            if (e < CHUNKS * STAGE_VEC) {
+                const int img = e / (C * PLANE), c = e / PLANE % C, r = e % PLANE / W, s = e % W;
+                const int to = (img * C + c) * SCH + (r + PAD) * SROW + s + PAD;
+#pragma unroll
+                for (int j = 0; j < STAGE_VEC; ++j) put(xs, to + j, in_range(v[u][j]));
+            }
+        }
+    }
+}
+
 __global__ void __launch_bounds__(THREADS, MINB)
 conv_split3(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
             float* __restrict__ out, int N) {
@@ -306,6 +360,9 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
         }
     }
     for (int k = tid; k < NSLOTS; k += THREADS) koff[k] = slot_offset(k);
+    // the window's borders (and the words past a row or a channel) are zeroed once: a group writes its interior
+    for (int i = tid; i < XS_FLOATS * (APRE && !F16 ? 2 : 1); i += THREADS) xs[i] = 0.0f;
+    const bool vec = STAGE_VEC == 4 && ((size_t)x & 15) == 0;  // float4 loads where x is aligned to them
     uint4 breg[USE_BREG ? KSTEPS : 1][NT];
     if (USE_BREG) {
         __syncthreads();
@@ -318,24 +375,7 @@ conv_split3(const float* __restrict__ x, const float* __restrict__ w, const floa
     for (int group = blockIdx.x; group * IMGS < N; group += gridDim.x) {
         const int n0 = group * IMGS;
         __syncthreads();  // the previous group's reads of xs are done (and, the first time, wf and koff are in)
-        for (int i = tid; i < XS_FLOATS; i += THREADS) {
-            int img = i / (C * SCH), rest = i % (C * SCH), c = rest / SCH, r = rest % SCH / SROW - PAD,
-                s = rest % SCH % SROW - PAD, n = n0 + img;
-            float v = (n < N && r >= 0 && r < H && s >= 0 && s < W) ? in_range(x[((size_t)(n * C + c) * H + r) * W + s])
-                                                                     : 0.0f;
-            if (F16 && APRE) {  // fp16's big half (low) and small one (high) in one word, split once here
-                unsigned big, small;
-                split_h2(v, 0.0f, big, small);
-                xsu[i] = low_halves(big, small);
-            } else if (APRE) {  // the TF32 parts, big then (XS_FLOATS on) small, split once here
-                unsigned big, small;
-                split(v, big, small);
-                xsu[i] = big;
-                xsu[XS_FLOATS + i] = small;
-            } else {
-                xs[i] = v;
-            }
-        }
+        stage(x, xs, n0, N, tid, vec);
         __syncthreads();
 
         for (int pass = 0; pass < PASSES; ++pass) {

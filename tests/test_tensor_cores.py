@@ -48,6 +48,19 @@ def test_one_block_walks_every_group(monkeypatch):
     assert rel_error(_run(x, w, b, 2, 1, 2, tensor_cores.CONFIGS["w4 mt2 i2 r0"], want.shape), want) < MAX_ERROR
 
 
+@pytest.mark.parametrize("config", ["w2 mt2 i2 apre f16", "w2 mt1 i1 r0"])
+def test_an_input_not_aligned_to_float4_is_read_value_by_value(config):
+    """Rows of 4k values are staged with float4 loads where the input allows them; a view one float into an
+    allocation does not, and must give the same outputs."""
+    x, w, b = case(11, 3, 2, 8, 12, 6)
+    want = expected(x, w, b, 2, 1, 2)
+    flat = gpu.to_device(np.concatenate([[np.float32(np.nan)], x.ravel()]).astype(np.float32))
+    for xd in (gpu.to_device(x), flat[1:].reshape(x.shape)):
+        out = gpu.to_device(np.full(want.shape, np.nan, np.float32))
+        tensor_cores.conv_split3(xd, gpu.to_device(w), gpu.to_device(b), out, 2, 1, 1, 2, config=config)
+        assert rel_error(gpu.as_host(out), want) < MAX_ERROR
+
+
 @pytest.mark.parametrize("config, line, cut", [
     ("w4 mt2 i1", "small = to_tf32(v - as_float(big));", "small = 0u;"),
     ("w4 mt2 i1 f16", "small = pack_h2((v0 - b0) * LO_SCALE, (v1 - b1) * LO_SCALE);", "small = 0u;")])
