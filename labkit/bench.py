@@ -15,6 +15,7 @@ import datetime as dt
 import importlib.util
 import json
 import platform
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import bench_whole, ceilings, cudnn, device, gpu, reference, stages, unfinished
+from . import bench_whole, ceilings, cudnn, device, gpu, reference, stages, tensor_cores, unfinished
 from .check import check_variant
 from .engine import run
 from .ledger import Ledger, repo_root
@@ -208,6 +209,9 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             for net in nets or variant.nets:  # asked for: every net the variant runs (ece408 runs fashion's)
                 if variant.runs_on(net):
                     jobs.append((path, name, variant, net))
+    # a stage whose every variant on a net is capped (stage 01's serial code) still gets a row: its smallest size
+    only_capped = {(path, net) for path, _, _, net in jobs} - {
+        (path, net) for path, _, variant, net in jobs if _slow_kind(variant) is None}
     rows: list[dict] = []
     refs: dict = {}
     checked: dict = {}  # a function several variants share (given code) is checked once, not once per variant
@@ -246,6 +250,8 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
                    "checks": "-" if skipped else "PASS" if not failed else "FAIL", "check_failures": failed}
             slow = _slow_kind(variant)
             limit = None if slow is None else limits.per_image if variant.per_image else limits.cpu
+            if slow and (path, net) in only_capped and n == min(sizes(net)):
+                limit = max(limit, n)  # the stage's one row on this net
             work = _gflop(net, n)
             if skipped:
                 row["skipped"] = "left out by --skip"
@@ -426,15 +432,27 @@ def _ceilings_meta(device_label: str) -> dict | None:
                                       "source": roof.source}
 
 
+#: the notes of ``_above_the_roof`` (and of runs before the tensor cores' wording)
+_ROOF_NOTE = re.compile(r"that ceiling is too low|above the FMA units' fp32 ceiling")
+
+
 def _above_the_roof(rows: list[dict], meta: dict) -> list[str]:
-    """Notes for runs faster than the recorded fp32 ceiling: then the ceiling is wrong, not the run."""
+    """Notes for runs faster than the recorded fp32 ceiling (the FMA units'): a kit stage at a workload whose convs
+    have recorded tensor-core choices is not bound by it; any other such run means the ceiling is wrong."""
     roof = meta.get("ceilings")
     if not roof:
         return []
-    return [f"{r['stage']} ({r['net']}, {r['images']} images) reached {r['conv_gflops'] / 1e3:.1f} TFLOP/s in its "
-            f"convolutions, above the fp32 ceiling of {roof['flops'] / 1e12:.1f} TFLOP/s ({roof['source']}): that "
-            f"ceiling is too low" for r in rows
-            if "total_s" in r and r.get("conv_gflops") and r["conv_gflops"] * 1e9 > roof["flops"]]
+    notes = []
+    for r in rows:
+        if "total_s" not in r or not r.get("conv_gflops") or r["conv_gflops"] * 1e9 <= roof["flops"]:
+            continue
+        said = (f"{r['stage']} ({r['net']}, {r['images']} images) reached {r['conv_gflops'] / 1e3:.1f} TFLOP/s in "
+                f"its convolutions, above the FMA units' fp32 ceiling of {roof['flops'] / 1e12:.1f} TFLOP/s "
+                f"({roof['source']}): ")
+        on_tc = tensor_cores.layers_on_tensor_cores(r["net"], r["images"]) if r["stage"][:2].isdigit() else []
+        notes.append(said + (f"its {', '.join(on_tc)} ran on the tensor cores (lk.tensor_cores), which that ceiling "
+                             f"does not bound" if on_tc else "that ceiling is too low"))
+    return notes
 
 
 def refresh_ceilings(out: Path) -> dict:
@@ -452,7 +470,7 @@ def refresh_ceilings(out: Path) -> dict:
         meta["notes"] = [n for n in meta.get("notes", []) if not n.startswith("roofline skipped")] + [
             f"ceilings replaced on {dt.date.today().isoformat()}: the run recorded {was}{why}"]
         meta["ceilings"] = new
-    meta["notes"] = [n for n in meta["notes"] if "that ceiling is too low" not in n] + _above_the_roof(rows, meta)
+    meta["notes"] = [n for n in meta["notes"] if not _ROOF_NOTE.search(n)] + _above_the_roof(rows, meta)
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     _plots(out, rows, meta)
     return meta

@@ -32,7 +32,9 @@ over this one; *time / cuDNN* is this total over cuDNN's (above 1: slower than c
 predictions equal the numpy reference's. *whole call s* is the whole forward call as a caller waits for it (CUDA
 events around every launch, the gaps between them and the download of the class probabilities; *(graph)*: a
 replay of the forward captured in a CUDA graph, then the download), the median of its runs; *% of floor* is the
-net's FLOPs at the device's fp32 peak over that whole call. *End to end* tables time a stage's pipeline from
+net's FLOPs at the device's fp32 peak over that whole call. Both ceilings are the FMA units'; the convs stage 10
+runs on the tensor cores (`labkit.tensor_cores`, fp32's accuracy from three fp16 products) are not bound by them, so
+there *% fp32* and *% of floor* can pass 100. *End to end* tables time a stage's pipeline from
 uint8 images on the host to classes on the host (pinned memory, chunks over streams) beside `Job.serial` (one
 stream, pageable), every image's class compared with the numpy reference's (*= ref*).
 """

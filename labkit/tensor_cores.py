@@ -29,6 +29,13 @@ direct register tiles per layer, with errors of 1e-6 to 4e-6 (its fp32 sums are 
 split (``f16``; ``apre``: the staged images split once, a word holding a value's two halves) leaves 3.4 times and
 ran up to 1.5 times the direct kernels' speed on the layers with many channels (cifar10's conv2 3.33 ms against
 5.02, fashion's conv2 2.08 against 3.13), with errors of 1e-7 to 8e-7; the one-channel first layers stay direct.
+
+What held it back then was the staging, not the multiplies (``results/h100-2026-11-26e``): padding the staged rows
+(``kperm``) made cifar10's conv3 1.6 times slower though it took no more multiplies. A group's images are now staged
+into the windows' interiors only (the borders are zeroed once a block), with float4 loads and four of them in flight a
+thread: cifar10's conv1, conv2 and conv3 at 50000 images went from 2.71, 3.40 and 1.40 ms to 2.15, 2.40 and 0.88
+(the direct kernels: 2.99, 5.03, 1.57). ``kperm`` (``labkit.conv_banks``: loads that hit 32 banks) then helps on
+conv1 only (2.15 against 2.20).
 ``tools/conv_timing.py --save`` records per workload and layer the quickest configuration or none
 (``results/tensor_cores.json``); ``tuned`` gives stage 10 the layers that have one.
 """
@@ -530,7 +537,8 @@ class Config:
 
 
 #: the configurations a GPU run compares (``tools/conv_timing.py``): the default (TF32 parts rounded to nearest), and
-#: the fastest of the H100 grids on some layer (``results/h100-2026-11-26d/conv_explore*.json``)
+#: the fastest of the H100 grids on some layer (``results/h100-2026-11-26d/conv_explore*.json``,
+#: ``results/h100-2026-11-26e/conv_explore_stage*.json``)
 CONFIGS = {c.name: c for c in (
     Config("w4 mt2 i1"),
     Config("w4 mt4 i1 r0 bpre", mt=4, round=0, bpre=1),
@@ -539,6 +547,7 @@ CONFIGS = {c.name: c for c in (
     Config("w8 mt2 i2 f16", warps=8, imgs=2, f16=1),
     Config("w8 mt1 i1 f16", warps=8, mt=1, f16=1),
     Config("w4 mt1 i2 f16", mt=1, imgs=2, f16=1),
+    Config("w4 mt1 i1 apre f16 breg kperm", mt=1, apre=1, f16=1, breg=1, kperm=1),
 )}
 DEFAULT = "w4 mt2 i1"
 #: per workload and layer, the configuration that beat the direct kernel in a recorded GPU run (or none where none
@@ -664,6 +673,12 @@ def stored(net: str, images: int) -> dict | None:
     return ([e for e in entries if e["device"] == device.label()] or entries or [None])[-1]
 
 
+def layers_on_tensor_cores(net: str, images: int) -> list[str]:
+    """The conv layers of ``net`` at ``images`` that the recorded run gave to the tensor cores."""
+    kept = stored(net, images)
+    return [layer for layer, name in (kept or {}).get("choice", {}).items() if name]
+
+
 def tuned(net: str, images: int) -> dict:
     """``{layer: conv}`` for the layers where the recorded run found a configuration faster than the direct kernel
     (the others are left to the caller's); nothing where CUDA C cannot run here (no GPU and no C++ compiler)."""
@@ -673,13 +688,13 @@ def tuned(net: str, images: int) -> dict:
     if not kept or stages.unavailable(("cuda_c",)):
         return {}
     out = {}
-    for layer, name in kept.get("choice", {}).items():
-        if name:
-            config = config_named(name)
+    for layer in layers_on_tensor_cores(net, images):
+        name = kept["choice"][layer]
+        config = config_named(name)
 
-            def conv(x, w, b, o, pad, stride=1, act=0, pool=0, config=config):
-                conv_split3(x, w, b, o, pad, stride, act, pool, config=config)
+        def conv(x, w, b, o, pad, stride=1, act=0, pool=0, config=config):
+            conv_split3(x, w, b, o, pad, stride, act, pool, config=config)
 
-            conv.__name__ = f"conv_split3_{re.sub(r'[^0-9a-z]+', '_', name)}"
-            out[layer] = conv
+        conv.__name__ = f"conv_split3_{re.sub(r'[^0-9a-z]+', '_', name)}"
+        out[layer] = conv
     return out

@@ -113,6 +113,18 @@ def test_limits_skip_large_per_image_runs(benched):
     assert "per-image variants run up to 5 images" in _row(benched[0], "05 per_image", 9)["skipped"]
 
 
+def test_a_stage_of_capped_variants_only_still_gets_its_smallest_size(tmp_path):
+    """Stage 01 has only per-image code: below the per-image limit it keeps one row a net, at the smallest size."""
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    _notebook(books / "05_shared_memory.ipynb", KERNELS)
+    rows = bench.bench(None, ["cifar10"], (5, 9), books, tmp_path / "out", repeat=1, baselines=False,
+                       limits=bench.Limits(per_image=2, cpu=100), progress=False,
+                       skip=["05 left_*", "05 wrong", "05 crashes"])
+    assert "total_s" in _row(rows, "05 per_image", 5) and _row(rows, "05 per_image", 5)["predictions_equal"]
+    assert _row(rows, "05 per_image", 9)["skipped"] == "per-image variants run up to 2 images"
+
+
 def test_slow_variants_stop_at_a_work_limit_and_say_it(tmp_path, cifar_data):
     books = tmp_path / "notebooks"
     books.mkdir()
@@ -279,6 +291,23 @@ def test_a_run_above_the_ceiling_is_noted_and_refreshed_ceilings_redraw_the_plot
     assert any(n.startswith("ceilings replaced on ") and "(measured by labkit, 2026-01-01)" in n for n in meta["notes"])
     assert (out / "roofline_cifar10_1200.png").read_bytes()[:4] == b"\x89PNG"  # drawn again
     assert bench.refresh_ceilings(out) == meta  # nothing more to replace
+
+
+def test_a_stage_above_the_fma_ceiling_with_tensor_core_layers_is_noted_as_such(tmp_path, monkeypatch):
+    """Above the FMA units' ceiling: the kit's stage whose workload has tensor-core choices is not bound by it,
+    cuDNN (fp32, TF32 off) is; a refresh keeps one note each, not two."""
+    from labkit import ceilings, tensor_cores
+
+    out, rows = _fake_out(tmp_path, monkeypatch)
+    low = ceilings.Ceilings("x", 1.0, 3e12, "datasheet")
+    monkeypatch.setattr(ceilings, "for_device", lambda name: low)
+    monkeypatch.setattr(tensor_cores, "stored", lambda net, n: {"choice": {"conv1": None, "conv2": "w8 mt2 i1 f16"}})
+    bench._write(out, rows, "fake bench")
+    notes = json.loads((out / "bench.json").read_text())["meta"]["notes"]
+    mine = [n for n in notes if n.startswith("05 b ")]
+    assert len(mine) == 1 and "its conv2 ran on the tensor cores" in mine[0] and "too low" not in mine[0]
+    assert "that ceiling is too low" in next(n for n in notes if n.startswith("cuDNN"))
+    assert bench.refresh_ceilings(out)["notes"] == notes
 
 
 def test_write_keeps_linear_bars_when_runs_are_close_and_survives_a_failing_plot(tmp_path, monkeypatch):
