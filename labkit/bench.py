@@ -209,9 +209,24 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
             for net in nets or variant.nets:  # asked for: every net the variant runs (ece408 runs fashion's)
                 if variant.runs_on(net):
                     jobs.append((path, name, variant, net))
-    # a stage whose every variant on a net is capped (stage 01's serial code) still gets a row: its smallest size
-    only_capped = {(path, net) for path, _, _, net in jobs} - {
-        (path, net) for path, _, variant, net in jobs if _slow_kind(variant) is None}
+    def capped_at(variant) -> int | None:
+        return None if _slow_kind(variant) is None else limits.per_image if variant.per_image else limits.cpu
+
+    def left_out(path, name) -> bool:
+        stage = stages.stage_of(path)
+        label = stages.label(stage.number if stage else path.stem, name)
+        return any(fnmatch(name, pat) or fnmatch(label, pat) for pat in skip or ())
+
+    # a stage whose variants on a net are all capped below its smallest size (stage 01's serial code, when per-image
+    # runs stop below CIFAR's 1200 images) still gets one row there: its first variant's
+    lifted = {}
+    for path, name, variant, net in jobs:
+        if not left_out(path, name):
+            lifted.setdefault((path, net), name)
+    for path, name, variant, net in jobs:
+        cap = capped_at(variant)
+        if not left_out(path, name) and (cap is None or min(sizes(net)) <= cap):
+            lifted.pop((path, net), None)
     rows: list[dict] = []
     refs: dict = {}
     checked: dict = {}  # a function several variants share (given code) is checked once, not once per variant
@@ -241,17 +256,16 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     for path, name, variant, net in jobs:
         stage = stages.stage_of(path)
         label = stages.label(stage.number if stage else path.stem, name)
-        skipped = any(fnmatch(name, pat) or fnmatch(label, pat) for pat in skip or ())
+        skipped = left_out(path, name)
         checks = [] if skipped or variant.unavailable() else check_variant(variant, net, quiet=True, done=checked)
         failed = [str(c) for c in checks if not c.passed]
         for n in sizes(net):
             row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,
                    "target": variant.target, "arrays": variant.arrays, "per_image": variant.per_image,
                    "checks": "-" if skipped else "PASS" if not failed else "FAIL", "check_failures": failed}
-            slow = _slow_kind(variant)
-            limit = None if slow is None else limits.per_image if variant.per_image else limits.cpu
-            if slow and (path, net) in only_capped and n == min(sizes(net)):
-                limit = max(limit, n)  # the stage's one row on this net
+            slow, limit = _slow_kind(variant), capped_at(variant)
+            if slow and lifted.get((path, net)) == name and n == min(sizes(net)):
+                limit = n  # the stage's one row on this net
             work = _gflop(net, n)
             if skipped:
                 row["skipped"] = "left out by --skip"

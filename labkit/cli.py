@@ -161,7 +161,8 @@ def _csv_list(value: str | None) -> list[str] | None:
               help="Seconds of timed runs per row: no further run starts once a row's runs add up to this (at least "
                    "one runs; the table's runs column says how many did).")
 @click.option("--per-image-max", type=click.IntRange(min=1), default=1200, show_default=True,
-              help="Largest image count for per-image variants.")
+              help="Largest image count for per-image variants (a stage left with no row on a net, as stage 01, "
+                   "keeps its first variant's at the net's smallest size).")
 @click.option("--cpu-max", type=click.IntRange(min=1), default=1200, show_default=True,
               help="Largest image count for CPU variants.")
 @click.option("--slow-max-gflop", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,

@@ -114,15 +114,23 @@ def test_limits_skip_large_per_image_runs(benched):
 
 
 def test_a_stage_of_capped_variants_only_still_gets_its_smallest_size(tmp_path):
-    """Stage 01 has only per-image code: below the per-image limit it keeps one row a net, at the smallest size."""
+    """Stage 01 has only per-image code: capped below a net's smallest size, a stage keeps one row there (its first
+    variant left in); a stage with a row at that size gets none more."""
     books = tmp_path / "notebooks"
     books.mkdir()
     _notebook(books / "05_shared_memory.ipynb", KERNELS)
+    leave = ["05 left_*", "05 wrong", "05 crashes"]
     rows = bench.bench(None, ["cifar10"], (5, 9), books, tmp_path / "out", repeat=1, baselines=False,
-                       limits=bench.Limits(per_image=2, cpu=100), progress=False,
-                       skip=["05 left_*", "05 wrong", "05 crashes"])
-    assert "total_s" in _row(rows, "05 per_image", 5) and _row(rows, "05 per_image", 5)["predictions_equal"]
-    assert _row(rows, "05 per_image", 9)["skipped"] == "per-image variants run up to 2 images"
+                       limits=bench.Limits(per_image=2, cpu=2), progress=False, skip=leave)
+    assert "total_s" in _row(rows, "05 ok", 5) and _row(rows, "05 ok", 5)["predictions_equal"]
+    assert _row(rows, "05 per_image", 5)["skipped"] == "per-image variants run up to 2 images"
+    assert _row(rows, "05 ok", 9)["skipped"] == "CPU variants run up to 2 images"
+    rows = bench.bench(None, ["cifar10"], (5, 9), books, tmp_path / "out2", repeat=1, baselines=False,
+                       limits=bench.Limits(per_image=2, cpu=5), progress=False, skip=leave + ["05 ok"])
+    assert "total_s" in _row(rows, "05 per_image", 5)
+    rows = bench.bench(None, ["cifar10"], (5, 9), books, tmp_path / "out3", repeat=1, baselines=False,
+                       limits=bench.Limits(per_image=2, cpu=5), progress=False, skip=leave)
+    assert "total_s" in _row(rows, "05 ok", 5) and "skipped" in _row(rows, "05 per_image", 5)
 
 
 def test_slow_variants_stop_at_a_work_limit_and_say_it(tmp_path, cifar_data):
