@@ -8,9 +8,9 @@ from . import runtime
 
 runtime.apply()  # thread and warning settings, before anything imports numba's thread pool
 
-from . import (ceilings, check, counts, data, device, engine, gemm, gemm_cuda, gpu, graphs, kernels, layers, ledger,  # noqa: E402
-               measured, nbcells, nets, notebook, plots, profile, reference, report, simcheck, simulator, stages,
-               streams, tensor_cores, timing, tune, weights_io, whole, workloads)
+from . import (ceilings, check, const_kernels, counts, data, device, engine, gemm, gemm_cuda, gpu, graphs,  # noqa: E402
+               kernels, layers, ledger, measured, nbcells, nets, notebook, plots, profile, reference, report, simcheck,
+               simulator, stages, streams, tensor_cores, timing, tune, weights_io, whole, workloads)
 from .check import CheckResult, check_layer, check_network, check_variant  # noqa: E402
 from .data import load_cifar10, load_fashion, load_inputs, to_input  # noqa: E402
 from .engine import NetRun, run  # noqa: E402
