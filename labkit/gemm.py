@@ -220,10 +220,6 @@ def tiles_for(N: int, OUT: int) -> Tiles:
     return Tiles(GPU_SIDE * tm, GPU_SIDE * tn, tm, tn, 16)
 
 
-def multiprocessors() -> int:
-    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-
-
 def split_count(N: int, K: int, OUT: int, tiles: Tiles, sms: int | None = None) -> int:
     """How many splits of K: on a GPU the power of two that brings the blocks to ``WAVES`` waves of ``RESIDENT``
     blocks on each of ``sms`` multiprocessors (the device's by default), at most ``K // MIN_SPAN`` (16 for fashion's
@@ -233,7 +229,7 @@ def split_count(N: int, K: int, OUT: int, tiles: Tiles, sms: int | None = None) 
     if simulator.active():
         return max(1, min(SIMULATOR_SPLITS, most))
     blocks = math.ceil(N / tiles.bm) * math.ceil(OUT / tiles.bn)
-    wanted = WAVES * RESIDENT * (sms or multiprocessors()) / blocks
+    wanted = WAVES * RESIDENT * (sms or gpu.multiprocessors()) / blocks
     splits = 1 << max(0, math.ceil(math.log2(wanted))) if wanted > 1 else 1
     while splits > max(1, most):
         splits //= 2

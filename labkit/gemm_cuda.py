@@ -23,7 +23,6 @@ layer function in the fc convention of ``labkit.layers``. One module is compiled
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -278,8 +277,6 @@ class Plan:
 REGISTERS = 65536
 #: the most blocks ``__launch_bounds__`` asks a multiprocessor to hold
 MOST_BLOCKS = 8
-#: an H100's multiprocessors, where no GPU can be asked (the CPU emulation; a plan for a named GPU)
-H100_SMS = 132
 #: the cost model's fp32 rate of a multiprocessor (128 FMA a cycle at 1.75 GHz, at 70 per cent) and the memory's
 #: bytes a second a plane's store and reload cost
 SM_FLOPS = 2 * 128 * 1.75e9 * 0.7
@@ -319,27 +316,18 @@ def plan(N: int, K: int, OUT: int, config: str | Config = DEFAULT, sms: int | No
     base = Plan(c, across_for(c, OUT), 1, vec)
     if gpu.cuda_c_on_cpu() and sms is None:
         return Plan(c, base.across, max(1, min(EMULATION_SPLITS, K // c.bk)), vec)
-    sms = sms or multiprocessors()
+    sms = sms or gpu.multiprocessors()
     options = [Plan(c, base.across, s, vec) for s in range(1, max(1, K // MIN_SPAN) + 1)]
     options = [p for p in options if p.planes(K) == p.splits]  # a split count that rounding leaves empty: no
     return min(options, key=lambda p: (cost(p, N, K, OUT, sms), p.splits))
 
 
-def multiprocessors() -> int:
-    if gpu.cuda_c_on_cpu():
-        return H100_SMS
-    from numba import cuda
-
-    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
-
-
 # ------------------------------------------------------------------------------------------------------ running
 
 
-@functools.cache
 def module(macros: tuple[str, ...]):
     """The compiled source for one plan's macros (a cupy RawModule on a GPU, else the CPU emulation's)."""
-    return gpu.raw_module(SOURCE, macros)
+    return gpu.kit_module(SOURCE, macros)
 
 
 def address(a) -> int:

@@ -12,6 +12,7 @@ in its intermediates.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections import Counter
@@ -140,6 +141,31 @@ def raw_module(code: str, options: tuple = ()):
     import cupy
 
     return cupy.RawModule(code=code, options=tuple(options))
+
+
+def kit_module(code: str, options=()):
+    """``raw_module`` compiled once per source and options, for the kit's own given CUDA C (Winograd, the SGEMM, the
+    tensor cores), whose kernels keep nothing in ``__constant__`` memory that one caller could change under another.
+    Students' sources go through ``raw_module``, each call its own module."""
+    return _kit_module(code, tuple(options))
+
+
+@functools.cache
+def _kit_module(code: str, options: tuple):
+    return raw_module(code, options)
+
+
+#: an H100's multiprocessors, where no GPU can be asked (the CPU emulation; a plan for a named GPU)
+H100_SMS = 132
+
+
+def multiprocessors() -> int:
+    """The GPU's multiprocessors; an H100's where there is no GPU (the plans made on the CPU are an H100's)."""
+    if cuda_c_on_cpu():
+        return H100_SMS
+    from numba import cuda
+
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 def cuda_c_on_cpu() -> bool:

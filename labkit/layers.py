@@ -22,7 +22,7 @@ last layer's output.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -109,15 +109,30 @@ def fused_codes(group: tuple[Layer, ...]) -> tuple[int, int]:
     return act, pool
 
 
-def refuse_unless_5x5(who: str, x, w, stride: int, pool: int) -> None:
-    """The one-line refusal of the kit's given CUDA C convs (Winograd, tensor cores), which take 5 x 5 filters at
-    stride 1 and a fused pool of 2 x 2 or none."""
-    ch = x.shape[1]
+@dataclass(frozen=True)
+class Conv5x5:
+    """A fused 5 x 5 conv's compile-time shape: what the kit's given CUDA C convs (Winograd's, the tensor cores')
+    build their plans on, each adding its configuration."""
+
+    C: int
+    M: int
+    H: int
+    W: int
+    pad: int
+    act: int
+    pool: int
+
+
+def conv5x5(who: str, x, w, pad: int, stride: int, act: int, pool: int) -> Conv5x5:
+    """A call's shape, or the one-line refusal of what those convs do not do: they take 5 x 5 filters at stride 1
+    and a fused pool of 2 x 2 or none."""
+    n, ch, h, wd = x.shape
     if tuple(w.shape[1:]) != (ch, 5, 5) or stride != 1:
         raise ValueError(f"{who}: takes 5 x 5 filters at stride 1 over the input's {ch} channels (got weights "
                          f"{tuple(w.shape)}, stride {stride}): use a direct conv there")
     if pool not in (0, 2):
         raise ValueError(f"{who}: a fused pool must be 2 x 2, not {pool}")
+    return Conv5x5(int(ch), int(w.shape[0]), int(h), int(wd), pad, act, pool)
 
 
 def fused_args(group: tuple[Layer, ...], x, weights: dict, out) -> tuple:

@@ -112,6 +112,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ float xor4(float v) { return __shfl_xor_sync(0xffffffffu, v, 4); }
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 // two floats as fp16 halves (round to nearest even), lo in the low 16 bits; and back
 __device__ __forceinline__ unsigned pack_h2(float lo, float hi) {
     unsigned d;
@@ -140,6 +141,13 @@ struct __align__(8) int2 { int x, y; };
 struct __align__(16) float4 { float x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+// a GPU faults on a float4 load not aligned to 16 bytes; so does the emulation (an illegal access at address 16)
+static inline float4 load4(const float* p) {
+    if ((size_t)p & 15) (void)*reinterpret_cast<volatile const float*>((size_t)16);
+    float4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 __shared__ __align__(16) float smem[SMEM_FLOATS];
 
 static inline unsigned as_bits(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -308,7 +316,7 @@ __device__ __forceinline__ void stage(const float* __restrict__ x, float* xs, in
             const bool ok = i < CHUNKS && n0 + i * STAGE_VEC / (C * PLANE) < N;
             const float* at = x + (size_t)n0 * C * PLANE + (size_t)i * STAGE_VEC;
             if (STAGE_VEC == 4 && vec) {
-                const float4 q = ok ? *reinterpret_cast<const float4*>(at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float4 q = ok ? load4(at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 v[u][0] = q.x, v[u][1] = q.y, v[u][2] = q.z, v[u][3] = q.w;
             } else {
 #pragma unroll
@@ -562,15 +570,8 @@ BLOCKS_PER_SM = 16
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(layers.Conv5x5):
     config: Config
-    C: int
-    M: int
-    H: int
-    W: int
-    pad: int
-    act: int
-    pool: int
 
     @property
     def ks(self) -> int:
@@ -599,28 +600,19 @@ class Plan:
         return tuple(f"-D{k}={v}" for k, v in values.items())
 
 
-@functools.cache
 def module(macros: tuple[str, ...]):
     """The compiled source for one plan (a cupy RawModule on a GPU, else the CPU emulation's)."""
-    return gpu.raw_module(SOURCE, macros)
+    return gpu.kit_module(SOURCE, macros)
 
 
 def plan_for(x, w, pad: int, stride: int, act: int, pool: int, config: str | Config = DEFAULT) -> Plan:
     """The plan of a call, or a one-line refusal of what the kernel does not do."""
     c = config_named(config) if isinstance(config, str) else config
-    layers.refuse_unless_5x5("conv_split3", x, w, stride, pool)
-    n, ch, h, wd = x.shape
-    p = Plan(c, ch, int(w.shape[0]), h, wd, pad, act, pool)
+    p = Plan(**vars(layers.conv5x5("conv_split3", x, w, pad, stride, act, pool)), config=c)
     if p.shared_bytes > SHARED_LIMIT:
         raise ValueError(f"conv_split3: {c.imgs} staged image(s) and the weights need {p.shared_bytes} bytes of "
                          f"shared memory a block, over {SHARED_LIMIT}: use a configuration with fewer images")
     return p
-
-
-def _multiprocessors() -> int:
-    from .gemm_cuda import multiprocessors
-
-    return multiprocessors()
 
 
 def conv_split3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int = 0,
@@ -631,7 +623,7 @@ def conv_split3(x, w, b, out, pad: int, stride: int = 1, act: int = 0, pool: int
     kernel = module(p.macros()).get_function("conv_split3")
     n = int(x.shape[0])
     groups = -(-n // p.config.imgs)
-    grid = max(1, min(groups, BLOCKS_PER_SM * _multiprocessors()))
+    grid = max(1, min(groups, BLOCKS_PER_SM * gpu.multiprocessors()))
     shared = 0 if gpu.cuda_c_on_cpu() else p.shared_bytes  # the emulation's shared array has its size in the source
     gpu.launch_raw(kernel, grid, 32 * p.config.warps, (x, w, b, out, np.int32(n)), shared_bytes=shared)
 

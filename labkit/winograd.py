@@ -34,7 +34,6 @@ emulation of CUDA C (``labkit.cudacpu``).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -264,17 +263,10 @@ DEFAULT = "mg8"
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(layers.Conv5x5):
     """One layer's compile-time shape under a configuration."""
 
     config: Config
-    C: int
-    M: int
-    H: int
-    W: int
-    pad: int
-    act: int
-    pool: int
 
     @property
     def groups(self) -> int:
@@ -305,10 +297,9 @@ class Plan:
         return tuple(f"-D{k}={v}" for k, v in values.items())
 
 
-@functools.cache
 def module(macros: tuple[str, ...]):
     """The compiled source for one plan (a cupy RawModule on a GPU, else the CPU emulation's)."""
-    return gpu.raw_module(SOURCE, macros)
+    return gpu.kit_module(SOURCE, macros)
 
 
 WEIGHTS_BLOCK = 128
@@ -319,11 +310,9 @@ SHARED_LIMIT = 48 * 1024
 def plan_for(x, w, pad: int, stride: int, act: int, pool: int, config: str | Config = DEFAULT) -> Plan:
     """The plan of a call, or a one-line refusal of what the kernel does not do."""
     c = CONFIGS[config] if isinstance(config, str) else config
-    layers.refuse_unless_5x5("conv_winograd", x, w, stride, pool)
-    n, ch, h, wd = x.shape
-    p = Plan(c, ch, int(w.shape[0]), h, wd, pad, act, pool)
+    p = Plan(**vars(layers.conv5x5("conv_winograd", x, w, pad, stride, act, pool)), config=c)
     if 4 * p.slab > SHARED_LIMIT:
-        raise ValueError(f"conv_winograd: {ch} input channels x {c.mg} outputs a thread need {4 * p.slab} bytes of "
+        raise ValueError(f"conv_winograd: {p.C} input channels x {c.mg} outputs a thread need {4 * p.slab} bytes of "
                          f"filter rows a block, over {SHARED_LIMIT}: use a configuration with a smaller mg")
     return p
 

@@ -258,3 +258,13 @@ def test_a_launch_gives_its_thread_stacks_back():
         assert (out == 1.0).all()
         kept.append(m)
     assert _mappings() - before < 300, "the stacks of finished launches are still mapped"
+
+
+def test_the_kits_own_sources_compile_once_per_source_and_options_and_students_each_call():
+    """``gpu.kit_module`` (Winograd, the SGEMM, the tensor cores) caches by source and options; ``raw_module`` (a
+    student's source, whose ``__constant__`` memory is theirs) compiles each call."""
+    src = 'extern "C" __global__ void k(float* x) { x[0] = X; }'
+    one = gpu.kit_module(src, ("-DX=1",))
+    assert gpu.kit_module(src, ("-DX=1",)) is one and gpu.kit_module(src, ["-DX=1"]) is one
+    assert gpu.kit_module(src, ("-DX=2",)) is not one and gpu.kit_module(src + " ", ("-DX=1",)) is not one
+    assert gpu.raw_module(src, ("-DX=1",)) is not gpu.raw_module(src, ("-DX=1",))
