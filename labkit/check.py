@@ -49,6 +49,7 @@ class CheckResult:
     note: str = ""  # a PASS that is not about values (a technique check) says what it found instead
     given: str = ""  # where the checked code came from when it is not the notebook's own ("stage 02", "the kit")
     emulated: str = ""  # "CPU emulation of CUDA C" when the check ran CUDA C on the CPU (labkit.cudacpu)
+    nan: engine.NanCauses | None = None  # why the output held NaN (engine.checked_call), when it did
 
     def __bool__(self) -> bool:
         return self.passed
@@ -84,12 +85,47 @@ def _layout_hint(got: np.ndarray, expected: np.ndarray) -> str:
     return ""
 
 
+#: what the kernel did to the NaN elements it wrote (``engine.NanCauses``), and where to look
+ADDED = ("added onto {out}'s initial contents (`+=` with no first write: start the sum from 0 or from the bias, "
+         "and write it with `=`)")
+READ = ("read data that was never written (an unwritten buffer: a plane of partial sums, a pad border, or past the "
+        "end of an input)")
+
+
+def nan_detail(nan: engine.NanCauses | None, out_name: str, expected: str, launches: int | None,
+               everything: bool) -> str:
+    """The rest of compare's line after "first out[i]" when that element is NaN: each cause the engine's diagnosis
+    found (``engine.checked_call``) in one clause, the self-check's and the grader's words alike. ``everything``:
+    every element of out is NaN. Without a diagnosis (a whole net's output) it claims no cause."""
+    if nan is None:
+        return f" is NaN (never written, or computed from data never written), {expected}"
+    added, read = ADDED.format(out=out_name), READ
+    if not nan.written:
+        hint = ""
+        if everything and launches:
+            hint = (f"; nothing was written into {out_name}, although {launches} kernel launch"
+                    f"{'es' * (launches != 1)} ran: does the kernel write into another array (a copy, a "
+                    f"buffer of its own), or return before writing?")
+        elif everything:
+            hint = (f"; nothing was written into {out_name}: is the function still the TODO stub, is its kernel "
+                    f"never launched, or does it write into another array?")
+        return f" is unwritten (still NaN), {expected}{hint}"
+    if not nan.unwritten and not (nan.added and nan.read):
+        return f" is NaN although your kernel wrote it, {expected} — it {added if nan.added else read}"
+    parts = [f"{nan.unwritten} were never written"] if nan.unwritten else []
+    parts += [f"{nan.added} were written by your kernel, which {added}"] if nan.added else []
+    parts += [f"{nan.read} were written by your kernel, which {read}"] if nan.read else []
+    return f" is NaN, {expected} — of its {nan.unwritten + nan.written} NaN, {'; '.join(parts)}"
+
+
 def compare(name: str, got, expected: np.ndarray, tol: float = DEFAULT_TOL, batch: int | None = None,
-            out_name: str = "out", launches: int | None = None, scale: np.ndarray | None = None) -> CheckResult:
-    """Compare an output with the reference: layout, dtype, unwritten (NaN) elements, then the relative error
+            out_name: str = "out", launches: int | None = None, scale: np.ndarray | None = None,
+            nan: engine.NanCauses | None = None) -> CheckResult:
+    """Compare an output with the reference: layout, dtype, NaN elements, then the relative error
     ‖got − expected‖/‖expected‖, or ‖got − expected‖/‖scale‖ where ``scale`` (``magnitude``) says how large the
     terms of each output were; on failure, say where the first wrong element is. ``launches``, when known, is
-    how many kernels the call launched: it tells a stub from a kernel that wrote into another array."""
+    how many kernels the call launched: it tells a stub from a kernel that wrote into another array. ``nan``: the
+    engine's diagnosis of the NaN elements (``engine.checked_call``), worded by ``nan_detail``."""
     where = f" at batch size {batch}" if batch is not None else ""
     if not isinstance(got, np.ndarray):
         if hasattr(got, "copy_to_host") or hasattr(got, "get"):
@@ -107,19 +143,11 @@ def compare(name: str, got, expected: np.ndarray, tol: float = DEFAULT_TOL, batc
     bad = ~np.isfinite(got)
     if bad.any():
         idx = np.argwhere(bad)[0]
-        what = "unwritten (still NaN)" if np.isnan(got[tuple(idx)]) else f"{got[tuple(idx)]}"
-        hint = ""
-        if np.isnan(got).all():
-            if launches:
-                hint = (f"; nothing was written into {out_name}, although {launches} kernel launch"
-                        f"{'es' * (launches != 1)} ran: does the kernel write into another array (a copy, a "
-                        f"buffer of its own), or return before writing?")
-            else:
-                hint = (f"; nothing was written into {out_name}: is the function still the TODO stub, is its kernel "
-                        f"never launched, or does it write into another array?")
+        want = f"expected {expected[tuple(idx)]:.6g}"
+        rest = (nan_detail(nan, out_name, want, launches, bool(np.isnan(got).all()))
+                if np.isnan(got[tuple(idx)]) else f" is {got[tuple(idx)]}, {want}")
         return CheckResult(name, False, detail=f"{int(bad.sum())} of {got.size} elements not finite{where}; first "
-                                               f"{out_name}{_fmt_index(idx)} is {what}, expected "
-                                               f"{expected[tuple(idx)]:.6g}{hint}")
+                                               f"{out_name}{_fmt_index(idx)}{rest}", nan=nan)
     exp64 = expected.astype(np.float64)
     diff = got.astype(np.float64) - exp64
     norm = max(np.linalg.norm(exp64), np.linalg.norm(scale) if scale is not None else 0.0)
@@ -247,10 +275,11 @@ def describe_failure(exc: BaseException, name: str) -> str:
     return f"{name} raised {type(exc).__name__}: {' '.join(str(exc).split())}{where}"
 
 
-def _run_case(name: str, case: Case, call: Callable[[], np.ndarray], batch: int, tol: float,
+def _run_case(name: str, case: Case, call: Callable[[], np.ndarray | engine.LayerCall], batch: int, tol: float,
               watch_races: bool = True) -> CheckResult:
     """Run one case; on the simulator every launch is also watched for races and missing barriers, which fail
-    the check even when the values come out right (the simulator hides what a GPU would show)."""
+    the check even when the values come out right (the simulator hides what a GPU would show). A layer's call
+    returns the engine's ``LayerCall``: its output and why it holds NaN."""
     with gpu.counting() as counts, simcheck.watching() if watch_races else nullcontext(simcheck.Watch()) as watch:
         try:
             got = call()
@@ -259,7 +288,8 @@ def _run_case(name: str, case: Case, call: Callable[[], np.ndarray], batch: int,
     if watch.conflicts:
         launch = watch.conflicts[0]
         return CheckResult(name, False, detail=f"data race at batch size {batch}: {launch.describe()}")
-    return compare(name, got, case.expected, tol, batch=batch, launches=counts.launches, scale=case.scale)
+    got, nan = (got.out, got.nan) if isinstance(got, engine.LayerCall) else (got, None)
+    return compare(name, got, case.expected, tol, batch=batch, launches=counts.launches, scale=case.scale, nan=nan)
 
 
 def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, quiet,
@@ -280,7 +310,7 @@ def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, q
         from .cudacpu import LABEL, NAN_HINT
 
         result.emulated = LABEL
-        if not result.passed and "still NaN" in result.detail:
+        if not result.passed and result.nan is not None and result.nan.read:
             result.detail += NAN_HINT
     if not quiet:
         print(result)
@@ -299,7 +329,7 @@ def check_layer(fn: Callable, net: str | Net, layer: str, *, target: str = "gpu"
     if arrays not in ("host", "device"):
         raise ValueError(f"arrays must be 'host' or 'device', not {arrays!r}")
     return _check(lambda n, rng: layer_case(net, layer, n, rng, target),
-                  lambda case: engine.call_layer(fn, case.layer, case.x, case.weights, arrays),
+                  lambda case: engine.checked_call(fn, case.layer, case.x, case.weights, arrays),
                   layer, tuple(batches or default_batches(target)), tol, seed, quiet)
 
 
@@ -311,7 +341,7 @@ def check_group(fn: Callable, net: str | Net, group: tuple[Layer, ...], *, targe
     net = get_net(net)
     name = "+".join(ly.name for ly in group)
     return _check(lambda n, rng: group_case(net, group, n, rng, target),
-                  lambda case: engine.call_layer(fn, case.layer, case.x, case.weights, arrays),
+                  lambda case: engine.checked_call(fn, case.layer, case.x, case.weights, arrays),
                   name, tuple(batches or default_batches(target)), tol, seed, quiet)
 
 

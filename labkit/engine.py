@@ -3,7 +3,7 @@
 It puts the inputs and weights where the variant wants them (host, or the GPU once per run), allocates every
 layer's output outside the timed region (device outputs come from a pool, so a timing never includes
 ``cudaMalloc``), fills outputs *and intermediates* with NaN when checking (and hands a checked layer its inputs
-inside NaN margins), times each layer with a ``Clock``
+inside NaN margins, and says why its output holds NaN: ``checked_call``), times each layer with a ``Clock``
 (CUDA events for GPU code on a GPU, ``perf_counter`` otherwise), runs layers without a function on the numpy
 reference, launches per image when the variant says so, and records to the ledger when asked. The self-checks,
 ``lk.run``, the bench and the grader's child all call it; nothing else walks the layers.
@@ -188,11 +188,57 @@ def _unrecorded():
         gpu._recorders[:] = saved
 
 
+#: the finite values the diagnosis fills ``out`` with, one per re-run: exact, and small enough that a sum added onto
+#: them moves them (a huge fill such as -3e38 swallows any sum added onto it and looks never written)
+FILLS = (np.float32(0.3125), np.float32(-1.75))
+
+
+@dataclass(frozen=True)
+class NanCauses:
+    """Why a checked layer's NaN outputs are NaN, counted per element from two re-runs on finite fills of ``out``
+    (``FILLS``): ``unwritten``, never written (both fills come back); ``added``, added onto out's initial contents
+    (finite with finite fills, but not the fills: ``+=`` onto the poison); ``read``, computed from data never
+    written (NaN although out was finite: the kit's NaN-poisoned buffers, a pad border, a plane of partial sums)."""
+
+    unwritten: int = 0
+    added: int = 0
+    read: int = 0
+
+    @property
+    def written(self) -> int:
+        """NaN elements the kernel did write."""
+        return self.added + self.read
+
+
+@dataclass
+class LayerCall:
+    """A checked layer call: its output on the host and, when that holds NaN, why (None: no NaN, or no claim)."""
+
+    out: np.ndarray
+    nan: NanCauses | None = None
+
+
+def _same_elsewhere(got: np.ndarray, again: np.ndarray) -> bool:
+    """The elements finite in ``got`` came out the same in ``again``: a call that leaves elements unwritten in
+    memory of its own (or races) gives other values each time, and a diagnosis from its re-runs claims nothing."""
+    kept = np.isfinite(got)
+    return bool(np.isfinite(again[kept]).all() and np.allclose(got[kept], again[kept], rtol=1e-5, atol=1e-6))
+
+
 def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dict,
                arrays: str = "host") -> np.ndarray:
     """Call one layer function (or a fused conv group's) the way the engine does, on a NaN-poisoned output and on
     inputs with NaN margins either side (``IN_GUARD``); the output on the host. Whatever the function raises comes
     through; a write past the end of ``out``, and a read or a write outside an input, raise IndexError saying so."""
+    return checked_call(fn, layer, x, weights, arrays).out
+
+
+def checked_call(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dict,
+                 arrays: str = "host") -> LayerCall:
+    """``call_layer``, and where its output holds NaN the one diagnosis of why (``NanCauses``), which the
+    self-check and the grader both word (``labkit.check.compare``): the call runs twice more, out filled with
+    ``FILLS[0]`` (inputs' margins NaN) and with ``FILLS[1]`` (margins zero). An element NaN only with NaN margins
+    read outside its input: that raises IndexError, as before any other cause."""
     group = layer if isinstance(layer, tuple) else (layer,)
     weights = layers.with_biases(group, weights)
     shape = layers.group_output_shape(group, x.shape, weights)
@@ -202,7 +248,7 @@ def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dic
     def arguments(x, w, o):
         return layers.fused_args(group, x, w, o) if len(group) > 1 else layers.args(group[0], x, w, o)
 
-    def call(poison_margins: bool) -> np.ndarray:
+    def call(poison_margins: bool, fill=np.float32(np.nan)) -> np.ndarray:
         guarded = {k: _with_margins(v, device, poison_margins) for k, v in inputs.items()}
         views = {k: view for k, (_, view) in guarded.items()}
         xv = views.pop("x")
@@ -210,7 +256,7 @@ def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dic
         if device:
             # out is the front of a longer NaN buffer: a GPU does not check bounds, so a thread without a guard
             # writes past the end unseen unless something there is looked at afterwards
-            host = np.full(size + OUT_GUARD, np.nan, np.float32)
+            host = np.full(size + OUT_GUARD, fill, np.float32)
             host[size:].view(np.uint32)[:] = GUARD_BITS
             whole = gpu.to_device(host)
             outd = whole[:size].reshape(shape)
@@ -221,7 +267,7 @@ def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dic
                                  f"a thread without a guard (if t < out.size)?")
             got = gpu.as_host(outd)
         else:
-            got = np.full(shape, np.nan, np.float32)
+            got = np.full(shape, fill, np.float32)
             fn(*arguments(xv, views, got))
         hit = [k for k, (whole, _) in guarded.items() if poison_margins and _margins_changed(whole, inputs[k].size)]
         if hit:
@@ -231,22 +277,27 @@ def call_layer(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: dic
 
     with gpu.poisoned():
         got = call(poison_margins=True)
-        unwritten = int(np.count_nonzero(np.isnan(got)))
-        if unwritten:  # NaN left in out, or read from the margins? The same call with zeros there tells them apart:
+        if not np.isnan(got).any():
+            return LayerCall(got)
+        try:
             with _unrecorded():  # a diagnosis, not part of the call: its launches and copies are not counted
-                again = call(poison_margins=False)
-            # the elements NaN only with NaN margins, where every other element came out the same (a call that
-            # leaves elements unwritten in memory of its own gives other values each time: no claim then)
-            read = int(np.count_nonzero(np.isnan(got) & np.isfinite(again)))
-            same = np.isfinite(got) == np.isfinite(again)
-            same[np.isnan(got)] = True
-            kept = np.isfinite(got)
-            if read and same.all() and np.allclose(got[kept], again[kept], rtol=1e-5, atol=1e-6):
-                raise IndexError(f"read outside its input: {read} of {got.size} output elements are NaN because "
-                                 f"the kernel read the NaN margins before or after x, w or b (with zeros there they "
-                                 f"are numbers): a window or an index past an input's first or last element "
-                                 f"(the padding ignored, a bounds test missing?)")
-    return got
+                filled = call(poison_margins=True, fill=FILLS[0])
+                zeroed = call(poison_margins=False, fill=FILLS[1])
+        except Exception:  # noqa: BLE001 - the call itself ran and its output is judged; the diagnosis claims nothing
+            return LayerCall(got)
+    if not (_same_elsewhere(got, filled) and _same_elsewhere(got, zeroed)):
+        return LayerCall(got)
+    nan = np.isnan(got)
+    margins = int(np.count_nonzero(nan & ~np.isfinite(filled) & np.isfinite(zeroed)))
+    if margins:
+        raise IndexError(f"read outside its input: {margins} of {got.size} output elements are NaN because "
+                         f"the kernel read the NaN margins before or after x, w or b (with zeros there they "
+                         f"are numbers): a window or an index past an input's first or last element "
+                         f"(the padding ignored, a bounds test missing?)")
+    unwritten = nan & (filled == FILLS[0]) & (zeroed == FILLS[1])
+    read = nan & ~(np.isfinite(filled) & np.isfinite(zeroed))
+    added = nan & ~unwritten & ~read
+    return LayerCall(got, NanCauses(unwritten=int(unwritten.sum()), added=int(added.sum()), read=int(read.sum())))
 
 
 def clock_method(variant: Variant) -> str:

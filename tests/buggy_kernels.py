@@ -1,6 +1,8 @@
 """Conv kernels for the tests: the right thread-per-output one, and the bugs a course meets (for the checks' and the
 grader's tests, and for trying them on a GPU). Each has the layer convention conv(x, w, b, out, pad, stride) on
-device arrays."""
+device arrays; the split-K fc at the end has fc(x, w, b, out)."""
+
+import math
 
 from numba import cuda, float32
 
@@ -40,6 +42,26 @@ def device_conv(x, w, b, out, pad, stride):
 def conv_no_guard(x, w, b, out, pad, stride):
     """No guard: the spare threads of the last block write past the end of out (a GPU does not check bounds)."""
     gpu.launch(_thread_per_output, out.size, x, w, b, out, pad, stride, 2 ** 31 - 1)
+
+
+def conv_short_grid(x, w, b, out, pad, stride):
+    """The grid stops one output row short: the last row of the last map of the last image is never written."""
+    gpu.launch(_thread_per_output, out.size, x, w, b, out, pad, stride, out.size - out.shape[3])
+
+
+@cuda.jit
+def _adds_per_output(x, w, b, out, pad, stride):
+    M = w.shape[0]
+    Ho, Wo = out.shape[2], out.shape[3]
+    t = cuda.grid(1)
+    if t < out.size:
+        j, i, m, n = t % Wo, (t // Wo) % Ho, (t // (Wo * Ho)) % M, t // (Wo * Ho * M)
+        out[n, m, i, j] += _output_element(x, w, b, n, m, i, j, pad, stride)
+
+
+def conv_adds_onto_out(x, w, b, out, pad, stride):
+    """Each thread adds its sum onto out (``+=``) that nothing zeroed first: onto the check's NaN poison."""
+    gpu.launch(_adds_per_output, out.size, x, w, b, out, pad, stride)
 
 
 @cuda.jit
@@ -102,6 +124,47 @@ def conv_grid_bug(x, w, b, out, pad, stride):
     N, M, Ho, Wo = out.shape
     gpu.launch_grid(_four_images_per_block_row, (gpu.blocks(M * Ho * Wo), max(N // 4, 1)), gpu.TPB,
                     x, w, b, out, pad, stride)
+
+
+@cuda.jit
+def _partial_sums_but_plane_1(x, w, part, kchunk):
+    """Block z adds inputs z * kchunk .. (z + 1) * kchunk into plane z of the partial sums; the bug: block z = 1
+    returns, so plane 1 keeps whatever the buffer held."""
+    N, K = x.shape
+    o, n, z = cuda.grid(1), cuda.blockIdx.y, cuda.blockIdx.z
+    if o < w.shape[0] and z != 1:
+        acc = float32(0.0)
+        for k in range(z * kchunk, min((z + 1) * kchunk, K)):
+            acc += x[n, k] * w[o, k]
+        part[z, n, o] = acc
+
+
+@cuda.jit
+def _sum_planes(part, b, out):
+    S, N, OUT = part.shape
+    t = cuda.grid(1)
+    if t < N * OUT:
+        n, o = t // OUT, t % OUT
+        total = b[o]
+        for z in range(S):
+            total += part[z, n, o]
+        out[n, o] = total
+
+
+def fc_split_k_plane_1_unwritten(x, w, b, out, splits=3):
+    """A split-K fc (stage 10's shape of it) whose reduction reads a plane of partial sums no block wrote: the
+    planes come from the kit's pool, which a check fills with NaN."""
+    N, K = x.shape
+    kchunk = math.ceil(K / splits)
+    part = gpu.buffer("test split-K partial sums", (math.ceil(K / kchunk), N, w.shape[0]))
+    gpu.launch_grid(_partial_sums_but_plane_1, (gpu.blocks(w.shape[0], 32), N, part.shape[0]), 32, x, w, part, kchunk)
+    gpu.launch(_sum_planes, N * w.shape[0], part, b, out)
+
+
+#: outputs left NaN for each cause the engine's diagnosis tells apart (``labkit.engine.NanCauses``): the kernel and
+#: the layer of cifar10 it computes
+NAN_BUGS = {"unwritten": (conv_short_grid, "conv1"), "added": (conv_adds_onto_out, "conv1"),
+            "read": (fc_split_k_plane_1_unwritten, "fc")}
 
 
 # ------------------------------------------------------------------ the stages' own kernels, one line wrong

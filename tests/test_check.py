@@ -86,8 +86,9 @@ def test_a_seed_reproduces_a_case():
 
 def test_unwritten_elements_are_caught_and_located():
     def lazy(x, w, b, out, pad, stride):
-        good_conv(x, w, b, out, pad, stride)
-        out[:, -1, -1, -1] = np.nan  # the last element of every image never written
+        full = lk.conv2d(x, w, b, pad, stride, accumulate="float64")
+        flat = out.reshape(len(out), -1)
+        flat[:, :-1] = full.reshape(len(out), -1)[:, :-1]  # the last element of every image never written
 
     r = check.check_layer(lazy, "cifar10", "conv1", quiet=True)
     assert not r.passed and "unwritten (still NaN)" in r.detail
@@ -108,6 +109,30 @@ def test_a_kernel_launched_into_another_array_is_told_so():
     r = check.check_layer(elsewhere, "cifar10", "relu1", arrays="device", quiet=True)
     assert not r.passed and "1 kernel launch ran" in r.detail and "another array" in r.detail
     assert "TODO stub" not in r.detail
+
+
+#: what the line of each kind of NaN output (``buggy_kernels.NAN_BUGS``) must say
+NAN_WORDS = {"unwritten": ["is unwritten (still NaN), expected"],
+             "added": ["is NaN although your kernel wrote it, expected", "it added onto out's initial contents",
+                       "`+=` with no first write: start the sum from 0 or from the bias, and write it with `=`"],
+             "read": ["is NaN although your kernel wrote it, expected", "it read data that was never written",
+                      "a plane of partial sums"]}
+
+
+@pytest.mark.parametrize("kind", ["unwritten", "added", "read"])
+def test_nan_outputs_are_told_by_their_cause(kind):
+    """The engine re-runs a layer whose output holds NaN on two finite fills of out: fills that come back were
+    never written, values moving with the fill were added onto it, NaN left were read from the kit's NaN-poisoned
+    buffers. Only the first may say that nothing was written (all three outputs here are NaN, or nearly)."""
+    from buggy_kernels import NAN_BUGS
+
+    fn, layer = NAN_BUGS[kind]
+    r = check.check_layer(fn, "cifar10", layer, arrays="device", quiet=True)
+    nan = int(r.detail.split(" of ")[0])
+    assert not r.passed and r.nan is not None and getattr(r.nan, kind) == nan > 0, (r.nan, r.detail)
+    assert r.nan.unwritten + r.nan.written == nan
+    assert all(w in r.detail for w in NAN_WORDS[kind]), r.detail
+    assert ("still NaN" in r.detail) == (kind == "unwritten") and "nothing was written" not in r.detail, r.detail
 
 
 def test_nhwc_values_written_into_an_nchw_out_get_the_layout_hint():

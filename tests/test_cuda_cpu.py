@@ -77,7 +77,7 @@ def test_wrong_kernels_fail_naming_the_mistake_and_right_ones_pass(name):
     good, line = wrong.verdict(kernel, result)
     assert good, f"{kernel.mistake or 'a right kernel'}: {line}"
     if gpu.cuda_c_on_cpu():  # the emulation's own words: NaN shared memory, wrong values, past the end of out
-        want = {"missing_barrier": "still NaN), expected", "halo_error": "never staged (the halo)",
+        want = {"missing_barrier": "read data that was never written", "halo_error": "never staged (the halo)",
                 "off_by_one_bound": "elements off", "wrong_constant_index": "elements off",
                 "missing_guard": "past the end of out"}.get(name, "PASS")
         assert want in line and line.endswith(LABEL), line

@@ -318,31 +318,36 @@ def test_earlier_stages_given_code_is_not_the_graded_stages_work(tmp_path):
     assert any("is computed by given code" in f and "not by code from your notebook" in f for f in found), found
 
 
-def test_nan_written_by_the_kernel_is_told_from_nan_never_written():
-    """A conv that read NaN (an unwritten pad border) wrote NaN: "unwritten" would send the student to the wrong
-    place. The child calls it again on a finite poison: NaN then were written, the poison left was never written."""
-    from labkit.grading import worker
+@pytest.mark.parametrize("kind", ["unwritten", "added", "read"])
+def test_the_grader_words_nan_outputs_as_the_self_check_does(kind):
+    """NaN never written, added onto (``+=`` onto the poison) and read from a buffer never written (a split-K plane
+    no block wrote) are different mistakes. The child runs the engine's diagnosis and sends its raw counts; the
+    parent words them with the self-check's builder: the same case gives the grader the self-check's line."""
+    from buggy_kernels import NAN_BUGS
+    from test_check import NAN_WORDS
 
-    _, case = _case("conv1", 1)
+    from labkit import engine, gpu
+    from labkit.grading import job as grading_job, protocol as P, worker
 
-    def reads_unwritten(x, w, b, out, pad, stride):  # right inside, NaN along the border (as from a NaN pad)
-        out[...] = reference.conv2d(x, w, b, pad, stride)
-        out[:, :, 0, :] = np.nan
-
-    def skips_last_row(x, w, b, out, pad, stride):
-        out[:, :, :-1, :] = reference.conv2d(x, w, b, pad, stride)[:, :, :-1, :]
-
-    size = case.expected.shape[1] * case.expected.shape[3]  # one row of every map
-    assert worker._nan_origin(reads_unwritten, case.layer, case.x, case.weights, "host") == (size, 0)
-    assert worker._nan_origin(skips_last_row, case.layer, case.x, case.weights, "host") == (0, size)
-    got = np.full_like(case.expected, np.nan)
-    got[:, :, 1:] = case.expected[:, :, 1:]
-    detail = check.compare("conv1", got, case.expected).detail
-    assert hints.UNWRITTEN in detail
-    told = hints.nan_origin(detail, size, 0)
-    assert hints.UNWRITTEN not in told and "written by your kernel" in told and "pad border" in told
-    assert hints.nan_origin(detail, 0, size) == detail
-    assert "were never written" in hints.nan_origin(detail, 3, 5)
+    fn, layer = NAN_BUGS[kind]
+    seed = check.fresh_seed(None)
+    mine = check.check_layer(fn, "cifar10", layer, arrays="device", seed=seed, quiet=True)
+    batch = check.default_batches()[0]
+    case = check.layer_case("cifar10", layer, batch, np.random.default_rng(seed))  # the self-check's first case
+    sent = P.CaseResult(0)  # as the child sends it (worker.StudentPhases._check)
+    with gpu.counting() as counts:
+        called = engine.checked_call(fn, case.layer, case.x, case.weights, "device")
+    sent.launches = counts.launches
+    worker.nan_counts(sent, called.nan)
+    [(frame, meta, payload)], _ = P.parse(bytearray(P.encode(sent, {"out": called.out})))
+    plan = types.SimpleNamespace(time_limit=60.0, rubric={"checks": {"tol": check.DEFAULT_TOL}}, variants={})
+    job = grading_job.Job(plan, None, "s", Path("s.ipynb"), seed, gpu=False)
+    job.cases[0] = {"variant": "v", "net_name": "cifar10", "name": layer, "batch": batch, "expected": case.expected,
+                    "scale": case.scale, "layer": case.layer, "x": case.x, "weights": case.weights, "target": "gpu"}
+    job._case(P.decode(frame, meta), payload)
+    judged = job.outcome.checks[0]
+    assert not judged.passed and judged.detail == mine.detail, (judged.detail, mine.detail)
+    assert all(w in judged.detail for w in NAN_WORDS[kind]), judged.detail
 
 
 @pytest.mark.skipif(not device.is_simulated(), reason="the technique budget is counted on the CUDA simulator")

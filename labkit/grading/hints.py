@@ -90,18 +90,3 @@ def _explain(case: dict, got: np.ndarray, res, outputs: dict, tol: float) -> str
         return (f" — close to the reference but not within the tolerance ({error:.1e} > {tol:.0e}): is something "
                 f"computed in reduced precision (float16 inputs or accumulation)?")
     return ""
-
-
-UNWRITTEN = "is unwritten (still NaN)"
-
-
-def nan_origin(detail: str, written: int | None, unwritten: int | None) -> str:
-    """``detail`` (``labkit.check.compare``'s line) told apart: NaN the kernel wrote from data never written (the
-    check's poison read back: an unwritten pad border or buffer, a read past an input's end) are not "unwritten"."""
-    if not written:
-        return detail
-    cause = ("it read data that was never written (an unwritten pad border or buffer, or past the end of an input) "
-             "and wrote the NaN it got")
-    if not unwritten:
-        return detail.replace(UNWRITTEN, "is NaN, written by your kernel") + f" — {cause}"
-    return detail + f" — {written} of the NaN were written by your kernel: {cause}; {unwritten} were never written"

@@ -17,6 +17,7 @@ import numpy as np
 from .. import reference
 from ..cudacpu import LABEL as CUDA_C_LABEL
 from ..check import CheckResult, compare, layer_case, network_case
+from ..engine import NanCauses
 from ..nets import get_net
 from . import hints, sandbox, scoring
 from . import protocol as P
@@ -173,6 +174,13 @@ def mismatches(expected: list[np.ndarray], probs: list) -> list[int]:
     return out
 
 
+def nan_causes(msg: P.CaseResult) -> NanCauses | None:
+    """The engine's diagnosis of a layer's NaN outputs from the counts the child sent (None: it sent none)."""
+    if msg.nan_unwritten is None and msg.nan_added is None and msg.nan_read is None:
+        return None
+    return NanCauses(unwritten=msg.nan_unwritten or 0, added=msg.nan_added or 0, read=msg.nan_read or 0)
+
+
 class Job:
     """One (student, stage): build inputs, run the child, judge what comes back."""
 
@@ -260,11 +268,9 @@ class Job:
                 res = CheckResult(c["name"], False, detail="no output array came back", seed=self.seed)
             else:
                 res = compare(c["name"], got, c["expected"], self.plan.rubric["checks"]["tol"], batch=c["batch"],
-                              launches=msg.launches, scale=c.get("scale"))
+                              launches=msg.launches, scale=c.get("scale"), nan=nan_causes(msg))
                 res.seed = self.seed
                 res.batches = (c["batch"],)
-                if not res.passed:
-                    res.detail = hints.nan_origin(res.detail, msg.nan_written, msg.unwritten)
         if not res.passed and got is not None and not self._hinted:
             self._hinted = True
             res.detail += hints.explain(c, got, res, self._outputs, self.plan.rubric["checks"]["tol"])

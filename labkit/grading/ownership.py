@@ -42,7 +42,7 @@ SUBMODULES = ("numpy.linalg", "numpy.fft", "cupy.linalg", "cupy.fft", "cupy.cuda
 STRIDE_TRICKS = ("sliding_window_view", "as_strided")
 #: labkit modules that compute a layer for you, and the engine's entry points that fall back to the reference
 LABKIT_MODULES = ("labkit.reference", "labkit.cudnn")
-LABKIT_ENGINE = ("forward", "run", "call_layer", "time_passes")
+LABKIT_ENGINE = ("forward", "run", "call_layer", "checked_call", "time_passes")
 #: method names of an array that compute a product (an unresolvable ``x.dot(w)``)
 METHODS = ("dot", "matmul", "tensordot", "einsum", "__matmul__")
 #: modules whose calls into a library are its own business (the simulator, numpy calling numpy)

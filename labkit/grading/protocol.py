@@ -299,8 +299,11 @@ class CaseResult(Message):
     race: str | None = None
     launches: int | None = None
     trace: Trace | None = None
-    nan_written: int | None = None  # NaN outputs the function wrote (it read data never written), on a re-run
-    unwritten: int | None = None  # ... and outputs it never wrote (the re-run's finite poison survived)
+    # the output's NaN elements by cause, as labkit.engine.NanCauses counts them (re-runs on finite fills of out);
+    # None where the output held no NaN or the diagnosis claimed nothing
+    nan_unwritten: int | None = None  # never written
+    nan_added: int | None = None  # added onto out's initial contents
+    nan_read: int | None = None  # computed from data never written
 
 
 @_message(Kind.CHECKS_DONE)

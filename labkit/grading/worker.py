@@ -289,29 +289,11 @@ def _technique_budget(conv, tech: P.TechniqueSpec, arrays: str) -> P.Technique:
     return P.Technique(passed=passed, line=line, fraction=fraction)
 
 
-#: the re-run's poison: finite, and far from any value a layer computes
-SENTINEL = np.float32(-3.0e38)
-
-
-def _nan_origin(fn, layer: Layer, x, w: dict, arrays: str) -> tuple[int | None, int | None]:
-    """Call the layer function again with its output filled with a finite ``SENTINEL`` (every buffer of the kit
-    still NaN-poisoned): NaN now are outputs the function wrote from data that was never written (an unwritten pad
-    border, a read past an input's end); ``SENTINEL`` are outputs it never wrote. (None, None) if the call raised."""
-    from .. import layers
-
-    try:
-        weights = layers.with_biases((layer,), w)
-        out = np.full(layers.group_output_shape((layer,), x.shape, weights), SENTINEL, np.float32)
-        with gpu.poisoned():
-            if arrays == "device":
-                od = gpu.to_device(out)
-                fn(*layers.args(layer, gpu.to_device(x), {k: gpu.to_device(v) for k, v in weights.items()}, od))
-                out = gpu.as_host(od)
-            else:
-                fn(*layers.args(layer, x.copy(), {k: v.copy() for k, v in weights.items()}, out))
-    except Exception:  # noqa: BLE001 - only a hint: the check itself already ran
-        return None, None
-    return int(np.isnan(out).sum()), int((out == SENTINEL).sum())
+def nan_counts(result: P.CaseResult, nan: engine.NanCauses | None) -> None:
+    """The engine's diagnosis of NaN in a layer's output, sent as raw counts: the parent words it
+    (``labkit.check.compare``, through ``job.nan_causes``), as the self-check does."""
+    if nan is not None:
+        result.nan_unwritten, result.nan_added, result.nan_read = nan.unwritten, nan.added, nan.read
 
 
 def _summary(records: list[dict]) -> P.Trace | None:
@@ -548,7 +530,9 @@ class StudentPhases:
         try:
             with gpu.counting() as counts, simcheck.watching() if watch_races else nullcontext() as watch:
                 if layer is not None:
-                    got = engine.call_layer(fn, layer, x, w, v.arrays)
+                    called = engine.checked_call(fn, layer, x, w, v.arrays)
+                    got = called.out
+                    nan_counts(result, called.nan)
                 else:
                     net = ctx.nets[case.net]
                     got = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
@@ -558,10 +542,6 @@ class StudentPhases:
             result.error = describe_exception(exc, case.what)
         ctx.compare(f"during {when}")
         result.launches = counts.launches
-        if layer is not None and got is not None and result.error is None and not np.isfinite(got).all():
-            ctx.restore()  # NaN in the output: written NaN (a read of data never written) or never written?
-            result.nan_written, result.unwritten = _nan_origin(fn, layer, x, w, v.arrays)
-            ctx.compare(f"during {when} (run again to see where its NaN come from)")
         result.trace = _summary(ctx.records)
         if watch is not None and watch.conflicts:
             result.race = f"data race at batch size {case.batch}: {watch.conflicts[0].describe()}"
