@@ -218,7 +218,8 @@ class Job:
                                     net=net.name if net is not None else None))
             self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
                                "scale": case.scale, "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
-                               "target": plan.variants[vname].target}
+                               "target": plan.variants[vname].target, "net": net,
+                               "fuse": tuple(plan.variants[vname].fuse)}  # net, fuse: hints' fused epilogue
 
         for vname, spec in plan.variants.items():
             for net_name in spec.nets:
