@@ -520,7 +520,7 @@ KINDS: dict[str, Kind] = {
     "timer": Kind(timer, "patches time.perf_counter, labkit.timing, labkit.engine and the worker's clock", "tampered",
                   ("time.perf_counter", "labkit.engine.time_passes", "stage scored 0"), False),
     "pad_border_nan": Kind(pad_border_nan, "pad kernel never writes the border: the conv reads NaN there", "fail",
-                           ("is NaN, written by your kernel", "never written"), True),
+                           ("is NaN although your kernel wrote it", "read data that was never written"), True),
     "numpy_container": Kind(numpy_container, "timed conv computes with numpy kept in a dict built at load time",
                             "forbidden", ("calls numpy.lib.stride_tricks.sliding_window_view", "own kernels"), False),
     "class_patch": Kind(class_patch, "patches the library tracer and the technique counter (class attributes)",
