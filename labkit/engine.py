@@ -180,10 +180,15 @@ def _margins_changed(whole, size: int) -> bool:
 
 @contextmanager
 def _unrecorded():
+    """Launches and copies that are not the call's own (a diagnosis's re-runs): not counted, and on the simulator
+    neither judged for races nor logged (``simcheck.paused``), the call itself having been."""
+    from . import simcheck
+
     saved = list(gpu._recorders)
     gpu._recorders.clear()
     try:
-        yield
+        with simcheck.paused():
+            yield
     finally:
         gpu._recorders[:] = saved
 

@@ -109,6 +109,7 @@ class Watch:
 _state = threading.local()
 _lock = threading.RLock()
 _active: list[Watch] = []
+_paused: list[Watch] = []  # watches set aside by paused(): their patches stay installed
 _current: list = [None]  # the _Recorder of the launch in progress (the simulator runs one launch at a time)
 
 
@@ -401,7 +402,7 @@ def watching(log: bool = False):
         yield watch
         return
     with _lock:
-        if not _active:
+        if not _installed:
             _installed[:] = _patches()
             for owner, name, _, new in _installed:
                 setattr(owner, name, new)
@@ -411,8 +412,25 @@ def watching(log: bool = False):
     finally:
         with _lock:
             _active.remove(watch)
-            if not _active:
+            if not _active and not _paused:
                 for owner, name, orig, _ in _installed:
                     setattr(owner, name, orig)
                 _installed.clear()
                 _names.clear()
+
+
+@contextmanager
+def paused():
+    """Launches inside the block are no watch's (neither judged nor logged): the engine's diagnosis re-runs a call
+    that its watches already saw (``engine.checked_call``)."""
+    with _lock:
+        watches = list(_active)
+        _paused.extend(watches)
+        _active.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            for w in watches:
+                _paused.remove(w)
+            _active[:] = watches + _active

@@ -71,3 +71,24 @@ def test_nothing_is_watched_outside_the_block():
         pass
     block_sum[2, 8](x, out, False)  # outside: not recorded, not judged
     assert w.launches == []
+
+
+def test_the_engines_nan_diagnosis_is_neither_counted_nor_watched():
+    """A layer whose output holds NaN runs twice more (``engine.checked_call``): those launches are not the call's,
+    so neither the launch count nor a watch (races, the access log of ``lk.show``) sees them; a watch opened while
+    paused leaves the outer one's instrumentation in place."""
+    from buggy_kernels import conv_short_grid
+
+    from labkit import check, engine
+
+    case = check.layer_case("cifar10", "conv1", 1, np.random.default_rng())
+    with gpu.counting() as counts, simcheck.watching(log=True) as watch:
+        called = engine.checked_call(conv_short_grid, case.layer, case.x, case.weights, "device")
+        with simcheck.paused(), simcheck.watching() as inner:
+            conv_short_grid(*[gpu.to_device(a) for a in (case.x, *case.weights.values())],
+                            gpu.to_device(np.zeros_like(case.expected)), case.layer.pad, case.layer.stride)
+        conv_short_grid(*[gpu.to_device(a) for a in (case.x, *case.weights.values())],
+                        gpu.to_device(np.zeros_like(case.expected)), case.layer.pad, case.layer.stride)
+    assert called.nan is not None and called.nan.unwritten > 0
+    assert counts.launches == 3 and len(watch.launches) == 2 and len(inner.launches) == 1
+    assert not simcheck._installed and not simcheck._active and not simcheck._paused
