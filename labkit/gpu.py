@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import streams
+from . import stream_order, streams
 from .layers import OUT_AT
 from .stages import STUB_MARK
 
@@ -205,7 +205,8 @@ def launch_grid(kernel, grid, block, *args, shared_bytes: int = 0):
     else:
         config = (grid, block) if not shared_bytes else (grid, block, 0, shared_bytes)
     n_blocks, per_block = math.prod(_dims(grid)), math.prod(_dims(block))
-    return _recorded("kernel", kernel_name(kernel), 0, lambda: kernel[config](*args), blocks=n_blocks,
+    return _recorded("kernel", kernel_name(kernel), 0,
+                     lambda: stream_order.launch(lane, args, lambda: kernel[config](*args)), blocks=n_blocks,
                      threads=n_blocks * per_block, kernel=kernel)
 
 
@@ -220,7 +221,7 @@ def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
     launch, which a timing of a millisecond kernel would otherwise include. Inside ``with lane:`` a cupy kernel
     goes to the lane's stream (``with lane.cupy``); the CPU emulation runs at once, in call order."""
     grid, block = _dims(grid), _dims(block)
-    args = tuple(_raw_arg(a, i) for i, a in enumerate(args))
+    given, args = args, tuple(_raw_arg(a, i) for i, a in enumerate(args))
     on_cpu = type(kernel).__module__.startswith("labkit.cudacpu")
     if on_cpu:
         _emulated[0] += 1
@@ -235,7 +236,8 @@ def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
         with on_lane:
             return kernel(grid, block, args, shared_mem=shared_bytes)
 
-    return _recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0, call, blocks=n_blocks,
+    return _recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0,
+                     lambda: stream_order.launch(lane, given, call), blocks=n_blocks,
                      threads=n_blocks * per_block, kernel=kernel)
 
 
@@ -333,8 +335,10 @@ def to_device(host, to=None, name: str = ""):
     lane = streams.current()
     stream = lane.numba if lane is not None else 0
     if to is not None:
-        return _recorded("HtoD", label, host.nbytes, lambda: (to.copy_to_device(host, stream=stream), to)[1])
-    return _recorded("HtoD", label, host.nbytes, lambda: cuda.to_device(host, stream=stream))
+        return _recorded("HtoD", label, host.nbytes, lambda: stream_order.copy_in(
+            lane, to, lambda: (to.copy_to_device(host, stream=stream), to)[1]))
+    return _recorded("HtoD", label, host.nbytes,
+                     lambda: stream_order.copy_in(lane, None, lambda: cuda.to_device(host, stream=stream)))
 
 
 def to_host(device_array, out=None, name: str = ""):
@@ -346,10 +350,14 @@ def to_host(device_array, out=None, name: str = ""):
     label = "[CUDA memcpy DtoH]" + (f" {name}" if name else "")
     lane = streams.current()
     if out is not None and lane is not None:
-        return _recorded("DtoH", label, device_array.nbytes, lambda: streams.copy_to_host(lane, device_array, out))
+        return _recorded("DtoH", label, device_array.nbytes, lambda: stream_order.copy_out(
+            lane, device_array, lambda: streams.copy_to_host(lane, device_array, out)))
+    # the default stream (outside a lane, or a new array: numba copies it there)
     if out is not None:
-        return _recorded("DtoH", label, device_array.nbytes, lambda: device_array.copy_to_host(out))
-    return _recorded("DtoH", label, device_array.nbytes, lambda: device_array.copy_to_host())
+        return _recorded("DtoH", label, device_array.nbytes,
+                         lambda: stream_order.copy_out(None, device_array, lambda: device_array.copy_to_host(out)))
+    return _recorded("DtoH", label, device_array.nbytes,
+                     lambda: stream_order.copy_out(None, device_array, lambda: device_array.copy_to_host()))
 
 
 def flat(a):

@@ -17,7 +17,9 @@ buffer another lane made refuses in one line (the two lanes would need a synchro
 bytes to host classes in chunks over ``streams`` lanes) against ``job.serial`` on fresh random bytes, the classes
 poisoned with -1 first, on cases with odd image counts, a last chunk smaller than the others and more streams
 than chunks. Writing ``fn`` is stage 10's task: the kit has no such loop. Its PASS line names what the cases
-cover, not their sizes, so that it reads the same on the simulator and on a GPU (nbval compares it).
+cover, not their sizes, so that it reads the same on the simulator and on a GPU (nbval compares it). Each case runs
+as ``run_pipeline`` runs it (the grader's child calls that too, and compares in its parent): the order between
+lanes checked by ``lk.stream_order`` (the model on the simulator, unequal delays on a GPU), raw streams refused.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from . import data, engine, gpu, kernels, simulator, streams, upload
+from . import data, engine, gpu, kernels, simulator, stream_order, streams, upload
 from .check import CheckResult, describe_failure
 from .nets import Net, get_net
 from .stages import Variant
@@ -61,6 +63,7 @@ class Job:
         self.weights = engine.prepare(self.net, variant, placeholder, weights).weights
         self._lanes: list[streams.Lane] = []
         self._owner: dict[int, tuple] = {}  # id(device buffer) -> (weak reference to it, lane name)
+        self._chunks = 0  # uploads on lanes since run_pipeline's case began: the chunk the next one starts
 
     def lanes(self, count: int) -> list[streams.Lane]:
         """The job's first ``count`` lanes: made once and kept, so their buffers are reused call after call."""
@@ -94,6 +97,8 @@ class Job:
             what = f"{raw.dtype} {raw.shape}" if isinstance(raw, np.ndarray) else type(raw).__name__
             raise ValueError(f"Job.upload: expected uint8 images N x {' x '.join(map(str, shape))} on the host, "
                              f"got {what}")
+        if lane is not None:
+            lane.chunk, self._chunks = self._chunks, self._chunks + 1
         with _on(lane):
             buf = gpu.buffer(f"{self._tag(lane)} bytes", raw.shape, np.uint8)
             gpu.to_device(raw, to=buf, name="input bytes")
@@ -142,6 +147,14 @@ class Job:
             gpu.to_host(classes_dev, out=host_out, name="classes")
         return host_out
 
+    def _poison_classes(self, lanes, sizes) -> None:
+        """Fill the classes buffers of ``lanes`` for chunks of these sizes with ``CLASSES_POISON`` (the default
+        stream, before the check's delays): a copy that runs before a chunk's kernels copies the poison."""
+        for lane in lanes:
+            with lane:
+                for n in sizes:
+                    gpu.poison(gpu.buffer(f"{self._tag(lane)} classes", (n,), np.int32))
+
     def serial(self, raw: np.ndarray) -> np.ndarray:
         """The baseline: all of ``raw`` at once on the default stream, from pageable memory; the classes."""
         raw = np.ascontiguousarray(raw, np.uint8)
@@ -168,39 +181,93 @@ def covered(cases) -> str:
     return ", ".join(what for what, present in found if present)
 
 
+#: what a lane's classes buffer holds before its kernels write it, while a case runs (``gpu.poison`` of int32)
+CLASSES_POISON = np.iinfo(np.int32).max
+
+
+class ReturnedEarly(stream_order.StreamOrderError):
+    """A pipeline returned while copies of its classes were still queued (the simulator knows; a GPU shows -1)."""
+
+
+def case_bytes(net: Net, images: int, rng: np.random.Generator) -> np.ndarray:
+    """A case's stored images, drawn from ``rng``: the same state gives the same bytes in every process."""
+    return rng.integers(0, 256, (images, *net.input_shape), dtype=np.uint8)
+
+
+def run_pipeline(fn, job: Job, case: tuple[int, int, int], rng: np.random.Generator):
+    """Run one case (images, chunk, streams) of ``fn(job, raw_pinned, classes_pinned, chunk, streams)`` as the
+    check does, comparing nothing: fresh bytes (``case_bytes``) in pinned memory, the classes pinned and poisoned
+    with -1, the job's classes buffers on its lanes with ``CLASSES_POISON``; raw streams refused
+    (``streams.refusing_raw_streams``); the order between lanes checked (``lk.stream_order``: on a GPU the lanes
+    held back first, longest the lane of a chunk picked from ``rng``; on the simulator the model, every buffer
+    poisoned as it is handed out so that a launch's writes show). Returns (the bytes, the classes as ``fn`` left
+    them when it returned); raises what ``fn`` raised (the model's ``StreamOrderError`` included) or, on the
+    simulator, ``ReturnedEarly``."""
+    images, chunk, count = case
+    raw = case_bytes(job.net, images, rng)
+    raw_pinned = streams.pinned(raw.shape, np.uint8)
+    raw_pinned[...] = raw
+    classes = streams.pinned((images,), np.int32)
+    classes[...] = -1
+    lanes = job.lanes(count)
+    job._poison_classes(lanes, {min(chunk, images - first) for first in range(0, images, chunk)})
+    picked = int(rng.integers(-(-images // chunk)))  # chunk i goes to lane i % count (stage 10's spec)
+    job._chunks = 0
+    try:
+        with streams.refusing_raw_streams(), gpu.poisoned() if simulator.active() else nullcontext():
+            stream_order.hold_back(lanes, lanes[picked % count], rng)
+            fn(job, raw_pinned, classes, chunk, count)
+            got = np.array(classes)  # as it is when fn returns: no synchronization of ours first
+            late = streams.undelivered(classes)
+    finally:
+        gpu.synchronize()  # whatever fn left in flight finishes before the next case
+    if late:
+        chunks = sorted({c for _, c in late if c is not None})
+        which = f" of chunk{'s' * (len(chunks) > 1)} {_listed(map(str, chunks))}" if chunks else ""
+        lanes_late = _listed(sorted({lane.name for lane, _ in late}, key=lambda n: (len(n), n)))
+        raise ReturnedEarly(f"{getattr(fn, '__name__', 'the pipeline')} returned while {lanes_late} still had the "
+                            f"classes{which} to copy (a lane's copies land at its synchronize()): synchronize every "
+                            f"lane before returning")
+    return raw, got
+
+
+def _listed(items) -> str:
+    items = list(items)
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
 def check_pipeline(fn, job: Job, cases=None, seed: int | None = None) -> CheckResult:
-    """Run ``fn(job, raw_pinned, classes_pinned, chunk, streams)`` on fresh random bytes per case (images, chunk,
-    streams), its classes poisoned with -1 first, and compare every image's class with ``job.serial``'s as soon as
-    ``fn`` returns (a pipeline must have synchronized its lanes by then). One PASS/FAIL line: a raise is worded as
-    every self-check words it (``labkit.check.describe_failure``: a TODO stub is "not implemented yet"); a FAIL
-    names its case's sizes, a PASS what the cases cover (``covered``)."""
+    """Run each case (images, chunk, streams) of ``fn(job, raw_pinned, classes_pinned, chunk, streams)`` as
+    ``run_pipeline`` does, and compare every image's class as ``fn`` left it with ``job.serial``'s (a pipeline must
+    have synchronized its lanes by then). One PASS/FAIL line: a raise is worded as every self-check words it
+    (``labkit.check.describe_failure``: a TODO stub is "not implemented yet"; the order model's error is its own
+    line), a pipeline that returned too early says so; a FAIL names its case's sizes, a PASS what the cases cover
+    (``covered``)."""
     name = getattr(fn, "__name__", "pipeline")
     cases = tuple(cases or (CASES_SIMULATOR if simulator.active() else CASES_GPU))
     seed = int(np.random.default_rng().integers(2**31)) if seed is None else seed
     rng = np.random.default_rng(seed)
     for images, chunk, count in cases:
-        raw = rng.integers(0, 256, (images, *job.net.input_shape), dtype=np.uint8)
-        want = job.serial(raw)
-        raw_pinned = streams.pinned(raw.shape, np.uint8)
-        raw_pinned[...] = raw
-        classes_pinned = streams.pinned((images,), np.int32)
-        classes_pinned[...] = -1
         where = f"{images} images in chunks of {chunk} over {count} streams"
         try:
-            fn(job, raw_pinned, classes_pinned, chunk, count)
-            got = np.array(classes_pinned)  # as it is when fn returns: no synchronization of ours first
+            raw, got = run_pipeline(fn, job, (images, chunk, count), rng)
         except Exception as exc:  # noqa: BLE001 - the student's code: said in one line
-            gpu.synchronize()
-            said = describe_failure(exc, name)
+            said = str(exc) if isinstance(exc, ReturnedEarly) else describe_failure(exc, name)
             detail = said if isinstance(exc, NotImplementedError) else f"{where}: {said}"
             return CheckResult(name, False, detail=detail, seed=seed)
-        gpu.synchronize()  # let whatever fn left in flight finish before the next case
+        want = job.serial(raw)
         wrong = np.flatnonzero(got != want)
         if wrong.size:
-            unwritten = int(np.count_nonzero(got == -1))
-            why = (f"; {unwritten} still -1 (never downloaded: the last, smaller chunk left out, or a lane not "
-                   f"synchronized before returning?)" if unwritten else "")
             return CheckResult(name, False, detail=f"{where}: {wrong.size} of {images} classes differ from "
                                f"Job.serial's, first at image {wrong[0]} (got {got[wrong[0]]}, want "
-                               f"{want[wrong[0]]}){why}", seed=seed)
+                               f"{want[wrong[0]]}){_why(got)}", seed=seed)
     return CheckResult(name, True, note=f"every image's class equals Job.serial's, on {covered(cases)}", seed=seed)
+
+
+def _why(got: np.ndarray) -> str:
+    """What the poisons among a pipeline's classes say (on a GPU the delays make them show)."""
+    unwritten, early = int(np.count_nonzero(got == -1)), int(np.count_nonzero(got == CLASSES_POISON))
+    why = (f"; {unwritten} still -1 (never downloaded: the last, smaller chunk left out, or a lane not "
+           f"synchronized before returning?)" if unwritten else "")
+    return why + (f"; {early} copied before their chunk's kernels wrote them (a download on another lane than "
+                  f"the chunk's kernels, with nothing ordering it after them?)" if early else "")

@@ -2,6 +2,8 @@
 ``lk.whole.check_pipeline`` and the bench's end-to-end rows must catch. The kit itself has no such loop (releases
 must not hold the solution), so the tests that need one take it from here."""
 
+from labkit import gpu
+
 
 def pipeline(job, raw, classes, chunk, count):
     lanes = job.lanes(count)
@@ -40,3 +42,25 @@ def mixes_lanes(job, raw, classes, chunk, count):
         job.download(lanes[(k + 1) % count], c, classes[start:start + n])
     for lane in lanes:
         lane.synchronize()
+
+
+def downloads_on_another_lane(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
+        c = job.classes(lane, job.upload(lane, raw[start:start + n]), n)
+        with lanes[(k + 1) % count]:  # nothing orders this copy after the chunk's kernels on the other lane
+            gpu.to_host(c, out=classes[start:start + n])
+    for lane in lanes:
+        lane.synchronize()
+
+
+def makes_its_own_streams(job, raw, classes, chunk, count):
+    from numba import cuda
+
+    own = [cuda.stream() for _ in range(count)]  # work on these escapes the check's order model and delays
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        n = min(chunk, raw.shape[0] - start)
+        classes[start:start + n] = job.serial(raw[start:start + n])
+    for s in own:
+        s.synchronize()

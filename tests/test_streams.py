@@ -9,7 +9,8 @@ import labkit as lk
 from labkit import device, engine, gpu, graphs, simulator, streams, whole
 
 from buggy_kernels import device_conv  # noqa: E402  (after labkit, which sets up numba)
-from pipelines import forgets_the_last_chunk, forgets_to_synchronize, mixes_lanes, pipeline  # noqa: E402
+from pipelines import (downloads_on_another_lane, forgets_the_last_chunk, forgets_to_synchronize,  # noqa: E402
+                       makes_its_own_streams, mixes_lanes, pipeline)
 
 SIM = device.info().simulated
 needs_sim = pytest.mark.skipif(not SIM, reason="the simulator's own behaviour (no streams, no graphs)")
@@ -342,16 +343,125 @@ def test_check_pipeline_fails_the_missing_last_chunk(job):
     assert "1 of 5 classes differ" in str(r) and "first at image 4" in str(r) and "still -1" in str(r)
 
 
-@needs_sim  # on a GPU the copies may or may not have landed when it returns
+@needs_sim  # on a GPU the copies have not landed when it returns (the delays): its classes are still -1
 def test_check_pipeline_fails_a_missing_synchronize(job):
+    a, b = job.lanes(2)
     r = whole.check_pipeline(forgets_to_synchronize, job, cases=ONE_CASE, seed=1)
-    assert not r.passed and "5 of 5 classes differ" in str(r) and "not synchronized" in str(r)
+    assert str(r) == (f"forgets_to_synchronize: FAIL (5 images in chunks of 2 over 2 streams: forgets_to_synchronize "
+                      f"returned while {a.name} and {b.name} still had the classes of chunks 0, 1 and 2 to copy (a "
+                      f"lane's copies land at its synchronize()): synchronize every lane before returning) [seed 1]")
+
+
+@needs_sim  # on a GPU: test_the_gpus_delays_fail_the_two_races
+def test_check_pipeline_fails_a_download_on_another_lane(job):
+    a, b = job.lanes(2)
+    r = whole.check_pipeline(downloads_on_another_lane, job, cases=ONE_CASE)
+    assert not r.passed and "downloads_on_another_lane raised StreamOrderError: " in str(r)
+    assert (f"{b.name} reads 'whole {a.name} classes' (chunk 0, written by {a.name}'s kernels) with nothing ordering "
+            f"it after them: queue a chunk's upload, classes and download on one lane, or synchronize {a.name} first "
+            f"(line ") in str(r)
+
+
+def _last_chunk_downloaded_on_another_lane(job, raw, classes, chunk, count):
+    lanes, starts = job.lanes(count), range(0, raw.shape[0], chunk)
+    for k, start in enumerate(starts):
+        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
+        c = job.classes(lane, job.upload(lane, raw[start:start + n]), n)
+        with lanes[(k + (k == len(starts) - 1)) % count]:
+            gpu.to_host(c, out=classes[start:start + n])
+    for lane in lanes:
+        lane.synchronize()
+
+
+@needs_sim
+def test_the_order_models_error_names_the_chunk_counted_from_the_cases_start(job):
+    a, b = job.lanes(2)
+    for _ in range(2):  # each case counts its chunks from 0 again
+        r = whole.check_pipeline(_last_chunk_downloaded_on_another_lane, job, cases=ONE_CASE)
+        assert f"{b.name} reads 'whole {a.name} classes' (chunk 2, written by {a.name}'s kernels)" in str(r)
+
+
+def _same_classes_again_then_another_lane(job, raw, classes, chunk, count):
+    a, b = job.lanes(2)
+    for _ in range(2):  # chunks 0 and 1 hold the same images: the second writes the values the first left
+        c = job.classes(a, job.upload(a, raw[:chunk]), chunk)
+    with b:
+        gpu.to_host(c, out=classes[:chunk])
+
+
+@needs_sim
+def test_a_launch_writing_the_values_a_buffer_held_still_counts_as_its_writer(job):
+    """run_pipeline poisons every buffer as it is handed out on the simulator, so a launch's writes always show."""
+    a, b = job.lanes(2)
+    r = whole.check_pipeline(_same_classes_again_then_another_lane, job, cases=((4, 2, 2),))
+    assert f"{b.name} reads 'whole {a.name} classes' (chunk 1, written by {a.name}'s kernels)" in str(r)
+
+
+def _downloads_before_the_kernels(job, raw, classes, chunk, count):
+    lanes = job.lanes(count)
+    for k, start in enumerate(range(0, raw.shape[0], chunk)):
+        lane, n = lanes[k % count], min(chunk, raw.shape[0] - start)
+        with lane:  # the buffer job.classes will write, copied before it does: what a GPU's race copies
+            gpu.to_host(gpu.buffer(f"whole {lane.name} classes", (n,), np.int32), out=classes[start:start + n])
+        job.classes(lane, job.upload(lane, raw[start:start + n]), n)
+    for lane in lanes:
+        lane.synchronize()
+
+
+def test_check_pipeline_says_which_classes_were_copied_before_their_kernels(job):
+    r = whole.check_pipeline(_downloads_before_the_kernels, job, cases=ONE_CASE, seed=1)
+    assert str(r).startswith("_downloads_before_the_kernels: FAIL (5 images in chunks of 2 over 2 streams: 5 of 5 "
+                             f"classes differ from Job.serial's, first at image 0 (got {whole.CLASSES_POISON}, want ")
+    assert str(r).endswith("; 5 copied before their chunk's kernels wrote them (a download on another lane than the "
+                           "chunk's kernels, with nothing ordering it after them?)) [seed 1]")
+
+
+def test_check_pipeline_refuses_a_raw_stream_in_one_line(job):
+    r = whole.check_pipeline(makes_its_own_streams, job, cases=ONE_CASE, seed=1)
+    assert str(r).startswith("makes_its_own_streams: FAIL (5 images in chunks of 2 over 2 streams: "
+                             "makes_its_own_streams raised StreamOrderError: cuda.stream() makes a stream of its own, "
+                             "refused while the pipeline check runs: use job.lanes(n) (lk.streams): the check sees the "
+                             "order of work on lanes only (line ")
+    from numba import cuda
+
+    cuda.stream().synchronize()  # given back after the check
+
+
+def _wrong_classes(job, raw, classes, chunk, count):
+    classes[...] = 11  # no class of the net's ten
+
+
+def test_run_pipeline_runs_a_case_as_the_check_does_and_compares_nothing(job, net):
+    seed = int(np.random.default_rng().integers(2**31))
+    raw, got = whole.run_pipeline(pipeline, job, (5, 2, 2), np.random.default_rng(seed))
+    np.testing.assert_array_equal(raw, whole.case_bytes(net, 5, np.random.default_rng(seed)))  # the grader's parent
+    assert isinstance(got, np.ndarray) and not isinstance(got, streams.SimulatedPinned)
+    np.testing.assert_array_equal(got, job.serial(raw))
+    raw, got = whole.run_pipeline(_wrong_classes, job, (3, 2, 1), np.random.default_rng(seed))
+    assert raw.shape == (3, *net.input_shape) and (got == 11).all()
+    if SIM:
+        with pytest.raises(whole.ReturnedEarly, match="synchronize every lane before returning"):
+            whole.run_pipeline(forgets_to_synchronize, job, (3, 2, 1), np.random.default_rng(seed))
 
 
 def test_check_pipeline_fails_lanes_sharing_buffers(job):
     r = whole.check_pipeline(mixes_lanes, job, cases=ONE_CASE, seed=1)
     assert not r.passed and "5 images in chunks of 2 over 2 streams: mixes_lanes raised ValueError" in str(r)
     assert "belongs to lane" in str(r) and "(line " in str(r)  # the line of the pipeline that raised
+
+
+@pytest.fixture(scope="module")
+def kernel_job(net):
+    """A job on GPU kernels (HOST_MATH's host copies would wait for every lane on a GPU and hide the races)."""
+    return whole.Job(net, KERNELS, lk.random_weights(net, 5))
+
+
+@pytest.mark.skipif(SIM, reason="a GPU's races, provoked by the check's delays (the simulator has the model instead)")
+@pytest.mark.parametrize("wrong", [forgets_to_synchronize, downloads_on_another_lane])
+def test_the_gpus_delays_fail_the_two_races(kernel_job, wrong):
+    assert whole.check_pipeline(pipeline, kernel_job).passed
+    r = whole.check_pipeline(wrong, kernel_job)
+    assert not r.passed and "classes differ from Job.serial's" in str(r), str(r)
 
 
 # ------------------------------------------------------------------------------------------------ graph replay check
