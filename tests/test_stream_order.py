@@ -123,6 +123,7 @@ def test_raw_streams_are_refused_in_the_block_and_lanes_still_work(monkeypatch):
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Stream=FakeStream)
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(streams, "_cupy_streams", lambda: False)  # lanes() from numba's maker, on a GPU too
     before = cuda.stream
     with streams.refusing_raw_streams():
         with pytest.raises(stream_order.StreamOrderError) as raised:
