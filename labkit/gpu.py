@@ -490,6 +490,10 @@ class BufferPool:
         self.handed += 1
         return array
 
+    def roles(self) -> list[tuple[str, object]]:
+        """(role, array) of every pooled array (a lane's role ends with its name): errors name a buffer by its role."""
+        return [(role, array) for (role, *_), array in self._arrays.items()]
+
     def _allocate(self, role: str, shape: tuple, dtype: np.dtype):
         nbytes = int(np.prod(shape)) * dtype.itemsize
         free = free_memory()

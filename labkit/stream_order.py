@@ -142,7 +142,7 @@ def _name(r: np.ndarray) -> str:
     """A buffer as the errors name it: its ``lk.gpu.buffer`` role (without the lane the pool adds), else its shape."""
     from . import gpu
 
-    for (role, *_), held in list(gpu.DEVICE._arrays.items()):
+    for role, held in gpu.DEVICE.roles():
         if root(held) is r:
             return f"'{_LANE_SUFFIX.sub('', role)}'"
     return f"a device array {r.shape} {r.dtype}"
