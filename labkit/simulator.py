@@ -20,13 +20,16 @@ from .nets import Layer, Net, get_net
 #: checks to hold it to that: a kernel whose block edge exceeds it fails there, so a wider tile raises this first.
 TILE = 16
 #: images a kernel might cover in one block row or a student might cap a grid at ("a few dozen"): the widest tile,
-#: twice, and a remainder
+#: twice
 GRID_ROW = 2 * TILE
+#: images up to which the kit's own kernels take one path and a student's grid might stop ("a few dozen", twice): the
+#: kit's fc computes a thread per output below 64 images (kernels.FC_TILED_FROM), tiles or warps from there
+GRID_CAP = 2 * GRID_ROW
 #: batch sizes of a self-check of one layer of GPU code on the simulator, each with a shape of its own (``case``):
 #: 1 the base shape (the counts tables and the notebooks' worked example use it), 2 maps wider and taller than a
-#: tile, 3 many output maps, and more images than a grid row (odd and above 4: a grid that is right only for some
-#: batch sizes fails there)
-BATCHES = (1, 2, 3, GRID_ROW + 3)
+#: tile, 3 many output maps, and more images than GRID_CAP (odd and above 4: a grid that is right only for some
+#: batch sizes fails there; 3 more than a multiple of 4, 8, 16, 32 and 64)
+BATCHES = (1, 2, 3, GRID_CAP + 3)
 #: batch sizes of a whole-network check on the simulator: the layers crossed every boundary in their own checks,
 #: the chain is about what passes between them
 NETWORK_BATCHES = (1, 3)
@@ -41,6 +44,14 @@ QUICK_CPU_IMAGES = 64
 #: threads per block where a kernel's block is a reduction tree: each level of the tree is a barrier, and the
 #: simulator waits on every thread of the block at every barrier
 REDUCTION_THREADS = 4
+#: the most bytes of a buffer a kernel cuts its batch into chunks for (stage 07's unroll: 256 MB on a GPU,
+#: ``buffer_bytes``): 16 KB here, so that the images case's unroll (one map's 5 x 5 windows onto 2 x 3 outputs, 600
+#: bytes an image) takes 27 images a chunk and its GRID_CAP + 3 = 67 three chunks, the last one smaller
+BUFFER_BYTES = 16 << 10
+#: how long the simulator's block manager sleeps between looks at its threads: numba's busy loop competes with the
+#: simulated threads for the interpreter; a short sleep lets them run (1.5 to 3 times faster on 2 cores, measured
+#: on stage 02's and 05's kernels)
+POLL_SECONDS = 1e-4
 #: how long the simulator's block manager sleeps between looks at its threads: numba's busy loop competes with the
 #: simulated threads for the interpreter; a short sleep lets them run (1.5 to 3 times faster on 2 cores, measured
 #: on stage 02's and 05's kernels)
@@ -67,6 +78,12 @@ def shrinks(target: str) -> bool:
 def threads(gpu: int, simulated: int = REDUCTION_THREADS) -> int:
     """A block size: ``gpu`` on a real GPU, ``simulated`` on the simulator."""
     return simulated if active() else gpu
+
+
+def buffer_bytes(gpu: int) -> int:
+    """The most bytes of a buffer that a kernel cuts its batch into chunks for: ``gpu`` on a real GPU,
+    ``BUFFER_BYTES`` on the simulator, whose checks then cross a chunk, with a smaller last one."""
+    return BUFFER_BYTES if active() else gpu
 
 
 def net(spec: str | Net) -> Net:
@@ -98,13 +115,16 @@ class Shape:
 #: block in every dimension of its grid, with a remainder: maps of TILE + 3 x TILE + 5 outputs cross a tile in rows
 #: and columns (and a 1-D block of 128 along a map's pixels; its pooled outputs, a second 1-D block); TILE + 3
 #: output maps cross a matmul's M tiles; one input map makes the reduction C * K * K = K * K (25), a whole tile and a
-#: remainder of 8 or of 16; GRID_ROW + 3 images on 2 x 3 outputs (the cheapest map that still pools) cross an image
-#: grid capped at a few dozen. Few maps where the case is not about maps: the simulator's cost is its threads.
+#: remainder of 8 or of 16; GRID_CAP + 3 images on 2 x 3 outputs (the cheapest map that still pools) cross an image
+#: grid capped at a few dozen or at 64, the kit's fc's change of path at 64 images, and stage 07's unroll chunks
+#: (``BUFFER_BYTES``); its conv weights have the tiles case's shapes, so a check hands its arrays over where that
+#: case's, freed, were (``labkit.freed``). Few maps where the case is not about maps: the simulator's cost is its
+#: threads.
 CASES = {
     1: Shape("base", MAX_CHANNELS),
     2: Shape("tiles", 1, outputs=1, rows=TILE + 3, cols=TILE + 5),
     3: Shape("output maps", 1, outputs=TILE + 3),
-    GRID_ROW + 3: Shape("images", 1, outputs=1, rows=2, cols=3),
+    GRID_CAP + 3: Shape("images", 1, outputs=1, rows=2, cols=3),
 }
 
 

@@ -212,6 +212,11 @@ BOUNDARY_BUGS = {
         "lk.gpu.launch(pad_kernel, xp.size, x, xp, pad)",
         "lk.gpu.launch(pad_kernel, min(N, 32) * C * (H + 2 * pad) * (W + 2 * pad), x, xp, pad)",
         "the pad kernel's launch covers at most 32 images", "images"),
+    "04 pad launch capped at 64 images": (
+        "04", "batched_padded",
+        "lk.gpu.launch(pad_kernel, xp.size, x, xp, pad)",
+        "lk.gpu.launch(pad_kernel, min(N, 64) * C * (H + 2 * pad) * (W + 2 * pad), x, xp, pad)",
+        "the pad kernel's launch covers at most 64 images", "images"),
     "05 tile loader without the column offset": (
         "05", "tiled_16",
         "r, q = row0 + e // IN - pad, col0 + e % IN - pad",
@@ -221,6 +226,14 @@ BOUNDARY_BUGS = {
         "05", "tiled_8",
         "(tiles, M, N), (T, T)", "(tiles, M, min(N, 32)), (T, T)",
         "grid z capped at 32 images", "images"),
+    "05 grid capped at 64 images": (
+        "05", "tiled_8",
+        "(tiles, M, N), (T, T)", "(tiles, M, min(N, 64)), (T, T)",
+        "grid z capped at 64 images", "images"),
+    "07 unroll without its last, smaller chunk": (
+        "07", "unroll_tiled",
+        "for n0 in range(0, N, chunk):", "for n0 in range(0, N - N % chunk, chunk):",
+        "the images of a last chunk smaller than the others are never unrolled nor multiplied", "images"),
     "07 matmul without the M-tile offset": (
         "07", "unroll_tiled",
         "m, col, n = cuda.blockIdx.y * T + ty,", "m, col, n = ty,",

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from labkit import check, device, engine, gpu, simulator, stages
+from labkit import check, device, engine, gpu, kernels, simulator, stages
 from labkit.layers import args, fused_args, group_output_shape, groups, impl_for, kernel_layers, with_biases
 from labkit.nets import get_net
 
@@ -48,9 +48,10 @@ def test_a_kernel_wrong_only_past_a_boundary_fails_the_case_that_crosses_it(bug)
     batch = batch_of(case_name)
     r = conv_check(variant, (batch,))
     assert not r.passed, f"{bug} ({what}) passed the {case_name!r} case at batch {batch}"
-    if "32 images" in what:  # the first wrong element is in an image past the cap (a block may cover a few more)
+    cap = re.search(r"at (?:most )?(\d+) images", what)
+    if cap:  # the first wrong element is in an image past the cap (a block may cover a few more)
         first = re.search(r"out\[(\d+), ", r.detail)
-        assert first and int(first.group(1)) >= 32, r.detail
+        assert first and int(first.group(1)) >= int(cap.group(1)), r.detail
 
 
 @simulated
@@ -68,15 +69,16 @@ def test_each_case_crosses_its_boundary():
     m, c, k, _ = maps.weights["conv2.weight"].shape
     assert m > t and m % 8 and (c * k * k) > t and (c * k * k) % t and (c * k * k) % 8
     images = check.layer_case(net, "conv2", by_name["images"], rng)
-    assert images.x.shape[0] > simulator.GRID_ROW and images.x.shape[0] % 2
+    n = images.x.shape[0]
+    assert n > simulator.GRID_CAP >= kernels.FC_TILED_FROM and n % 2 and all(n % k for k in (4, 8, 16, 32, 64))
     assert by_name["base"] == 1 and simulator.layer_input_shape(net, conv2) == (4, 7, 6), \
         "the base case is batch 1 (the counts tables and the notebooks' worked example use it)"
     assert set(simulator.BATCHES) == set(simulator.CASES)
 
 
-def _launch_configs(monkeypatch, fn, group, arrays: str) -> dict:
-    """kernel name -> every (grid, block) it was launched with over the check's cases; the kernels do not run (the
-    launch is recorded, not made), so this costs what the host code costs."""
+def _launch_configs(monkeypatch, fn, group, arrays: str, batches=simulator.BATCHES) -> dict:
+    """kernel name -> every (grid, block) it was launched with over the check's cases (``batches``), in order; the
+    kernels do not run (the launch is recorded, not made), so this costs what the host code costs."""
     seen: dict = {}
 
     def record(kernel, grid, block, *args, shared_bytes=0):
@@ -91,7 +93,7 @@ def _launch_configs(monkeypatch, fn, group, arrays: str) -> dict:
     monkeypatch.setattr(gpu, "launch_raw", record_raw)
     net = get_net("cifar10")
     rng = np.random.default_rng(0)
-    for batch in simulator.BATCHES:
+    for batch in batches:
         case = check.group_case(net, group, batch, rng) if len(group) > 1 else \
             check.layer_case(net, group[0].name, batch, rng)
         weights = with_biases(group, case.weights)
@@ -137,6 +139,21 @@ def test_every_kernel_of_every_stage_runs_more_than_one_block_in_every_grid_dime
                     assert max(block) <= simulator.TILE, f"{kernel}: block {block} is wider than simulator.TILE"
         checked += 1
     assert checked, f"stage {stage} has no simulated GPU variant to look at"
+
+
+@simulated
+def test_stage_07s_unroll_cuts_the_images_case_into_chunks_the_last_one_smaller(monkeypatch):
+    """Derived from the launches, as above: on the simulator the unroll buffer holds a few KB
+    (``simulator.buffer_bytes``), so one case's call unrolls its batch in several launches, the last with fewer
+    threads (a smaller chunk), and the others' fit one chunk or take an image a chunk."""
+    net = get_net("cifar10")
+    variant = stages.load_variants(stages.solutions_folder() / stages.STAGES["07"].notebook)["unroll_tiled"]
+    conv2 = (net.layer("conv2"),)
+    chunks = {b: [grid for grid, _ in _launch_configs(monkeypatch, variant.impls["conv"], conv2, "device", (b,))
+                  ["unroll_kernel"]] for b in simulator.BATCHES}
+    images = chunks[simulator.BATCHES[-1]]
+    assert len(images) > 2 and images[-1] < images[0] and len(set(images[:-1])) == 1, chunks
+    assert all(len(set(grids)) == 1 for b, grids in chunks.items() if b != simulator.BATCHES[-1]), chunks
 
 
 # ---------------------------------------------------------------------------- reads outside a layer's input

@@ -45,7 +45,8 @@ def test_cpu_target_checks_the_real_sizes():
         good_conv(x, w, b, out, pad, stride)
 
     assert check.check_layer(spy, "cifar10", "conv2", target="cpu", batches=(3,), quiet=True)
-    assert seen == [((3, 16, 16, 16), (20, 16, 5, 5))]
+    # the batch, then again on new arrays where its own were (labkit.freed: no other batch had its weights' shapes)
+    assert seen == [((3, 16, 16, 16), (20, 16, 5, 5))] * 2
 
 
 def test_gpu_target_is_shrunk_under_the_simulator_with_distinct_channel_counts():
@@ -269,7 +270,7 @@ def test_a_grid_right_only_for_some_batch_sizes_fails_at_an_odd_one():
     from buggy_kernels import conv_grid_bug
 
     r = lk.check_layer(conv_grid_bug, "cifar10", "conv2", arrays="device", quiet=True)
-    odd = (simulator.BATCHES if device.is_simulated() else check.BATCHES)[-1]  # 35 or 17: a grid row's misses
+    odd = (simulator.BATCHES if device.is_simulated() else check.BATCHES)[-1]  # 67 or 17: a grid row's misses
     assert not r.passed and "unwritten (still NaN)" in r.detail and f"at batch size {odd}" in r.detail, str(r)
     assert f"first out[{odd // 4 * 4}, " in r.detail, r.detail
 

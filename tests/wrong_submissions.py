@@ -472,6 +472,24 @@ VARIANTS = lk.variants("08", {name: variant(conv_mine, "my conv") for name in VA
 """)
 
 
+#: stage 06's kernel cache, and a student's: keyed by id(w), w itself not kept, so a new array may take its id once w
+#: is freed (the checks provoke it: labkit.freed), and its kernel of the old weights answers
+PER_WEIGHTS = "KERNELS = lk.const_kernels.PerWeights(make_const_kernel)"
+BY_ID = '''_BY_ID = {}
+
+
+def KERNELS(w, maps_fastest):  # keyed by id(w); w itself is not kept, so a new array may take its id
+    key = (id(w), maps_fastest)
+    if key not in _BY_ID:
+        _BY_ID[key] = make_const_kernel(w.copy_to_host(), maps_fastest)
+    return _BY_ID[key]'''
+
+
+def id_cache(cells):  # stage 06: constant-memory kernels cached by id(w), w not kept alive
+    index = next(i for i, c in enumerate(cells) if PER_WEIGHTS in c.source)
+    _replace(cells, index, PER_WEIGHTS, BY_ID)
+
+
 def cuda_c_wrong_source(cells):  # stage 09: register tiles in CUDA C that ignore the padding (windows cross the edge)
     src = "#define INSIDE (PAD == 0 && (TILE_ROWS - 1) * TR + WR <= H && (TILE_COLS - 1) * TC + WC <= W)"
     index = next(i for i, c in enumerate(cells) if src in c.source)
@@ -505,7 +523,7 @@ KINDS: dict[str, Kind] = {
                           gpu="fail: the real sizes fill whole blocks, the boundary shapes after them have spare "
                               "threads, which write into the guard after out"),
     "grid": Kind(grid, "grid y = max(N // 4, 1), four images per block row", "fail",
-                 ("batch size 35", "only images 0 to 31"), True),  # labkit.simulator.BATCHES[-1]: 35 images
+                 ("batch size 67", "only images 0 to 63"), True),  # labkit.simulator.BATCHES[-1]: 67 images
     "cached": Kind(cached, "first result per shape cached and handed back", "fail", ("cached",), None),
     "nhwc": Kind(nhwc, "right values written in NHWC order", "fail", ("NHWC",), True),
     "float64_elsewhere": Kind(float64_elsewhere, "float64 result in a buffer of its own, out never written",
@@ -548,6 +566,8 @@ KINDS: dict[str, Kind] = {
                          ("given code", "not by code from your notebook"), False, stage="08"),
     "given_wrapped": Kind(given_wrapped, "the same behind a function of the student's own", "forbidden",
                           ("launched only given kernels",), False, stage="08", ci=False),
+    "id_cache": Kind(id_cache, "constant-memory kernels cached by id(w), w not kept alive", "fail",
+                     ("with the weights (w) of an earlier call", "id()"), True, stage="06"),
     "cuda_c_wrong_source": Kind(cuda_c_wrong_source, "register-tile CUDA C ignores the padding (#define INSIDE 1)",
                                 "fail", ("conv1: FAIL", "read outside its input"), None, stage="09", ci=False),
     # (the tuned variant runs the student's CUDA C: on a GPU, and on the CPU emulation where there is none)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import reference
 from ..cudacpu import LABEL as CUDA_C_LABEL
-from ..check import CheckResult, compare, layer_case, network_case
+from ..check import CheckResult, compare, kept_from_earlier, layer_case, network_case, weighted
 from ..engine import NanCauses
 from ..nets import get_net
 from . import hints, sandbox, scoring
@@ -207,7 +207,8 @@ class Job:
         cases: list[P.CaseSpec] = []
         accuracy: list[P.AccuracySpec] = []
 
-        def put_case(case, vname: str, batch: int, what: str, net_name: str, net=None) -> None:
+        def put_case(case, vname: str, batch: int, what: str, net_name: str, net=None,
+                     lands_on: int | None = None) -> None:
             cid = len(cases)
             inputs.arrays[f"c{cid}.x"] = case.x
             if net is not None:
@@ -215,24 +216,31 @@ class Job:
             cases.append(P.CaseSpec(id=cid, variant=vname, batch=batch, what=what, net_name=net_name, x=f"c{cid}.x",
                                     weights=inputs.weights(f"c{cid}", case.weights),
                                     layer=dataclasses.asdict(case.layer) if case.layer is not None else None,
-                                    net=net.name if net is not None else None))
+                                    net=net.name if net is not None else None, lands_on=lands_on))
             self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
                                "scale": case.scale, "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
                                "target": plan.variants[vname].target, "net": net,
-                               "fuse": tuple(plan.variants[vname].fuse)}  # net, fuse: hints' fused epilogue
+                               "fuse": tuple(plan.variants[vname].fuse),  # net, fuse: hints' fused epilogue
+                               "lands_on": lands_on}
 
         for vname, spec in plan.variants.items():
             for net_name in spec.nets:
                 for layer_name in spec.layers[net_name]:
                     # every batch size, then the first one again on fresh inputs: a result kept from an earlier
-                    # call (cached by shape) is wrong there
+                    # call (cached by shape) is wrong there; for a layer with weights, its arrays are put where the
+                    # first call's, freed just before, were (labkit.freed): a kernel or result kept by id() of a
+                    # freed array answers with the first call's
                     batches = plan.layer_batches(spec.target)
-                    for b in (*batches, batches[0]):
+                    first = len(cases)
+                    again = first if weighted(get_net(net_name).layer(layer_name)) else None
+                    for k, b in enumerate((*batches, batches[0])):
                         put_case(layer_case(net_name, layer_name, b, rng, target=spec.target), vname, b, layer_name,
-                                 net_name)
+                                 net_name, lands_on=again if k == len(batches) else None)
+                before = None  # each batch's weights put where the batch before's, freed, were
                 for b in plan.network_batches(spec.target):  # the layers chained by the engine, intermediates poisoned
                     case = network_case(net_name, b, rng, target=spec.target)
-                    put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net)
+                    put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net, lands_on=before)
+                    before = len(cases) - 1
         for vname, net_name, images, target in plan.accuracy_runs():
             aid = f"{vname}/{net_name}"
             accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
@@ -272,6 +280,12 @@ class Job:
                               launches=msg.launches, scale=c.get("scale"), nan=nan_causes(msg))
                 res.seed = self.seed
                 res.batches = (c["batch"],)
+                if not res.passed and c.get("lands_on") is not None and c["layer"] is not None:
+                    earlier = self.cases[c["lands_on"]]
+                    kept = kept_from_earlier(c["layer"], (earlier["x"], earlier["weights"]), (c["x"], c["weights"]),
+                                             got, self.plan.rubric["checks"]["tol"])
+                    res.detail += kept
+                    self._hinted = self._hinted or bool(kept)  # said what it is: no second guess after it
         if not res.passed and got is not None and not self._hinted:
             self._hinted = True
             res.detail += hints.explain(c, got, res, self._outputs, self.plan.rubric["checks"]["tol"])

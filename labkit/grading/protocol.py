@@ -161,6 +161,9 @@ class CaseSpec(Record):
     weights: dict[str, str]  # weight name -> array key
     layer: dict | None = None
     net: str | None = None
+    # an earlier case of the same function whose input arrays (x, w, b; a net's weights) the child keeps until this
+    # case, then frees and puts this case's where they were (labkit.freed): what was kept by their id() answers wrong
+    lands_on: int | None = None
 
 
 @dataclasses.dataclass

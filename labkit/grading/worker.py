@@ -48,7 +48,7 @@ _threads = threading.enumerate
 
 import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
 
-from .. import counts, device, engine, gpu, nbcells, simcheck, simulator, stages, tune  # noqa: E402,F401
+from .. import counts, device, engine, freed, gpu, nbcells, simcheck, simulator, stages, tune  # noqa: E402,F401
 # (counts and tune imported now, before the snapshot: a class of a module first imported by a student's cell would
 # be outside it, and its patch unseen)
 
@@ -58,7 +58,7 @@ from numba import cuda as _cuda  # noqa: E402
 _cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
 _cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
 
-from ..check import check_technique  # noqa: E402
+from ..check import check_technique, weighted  # noqa: E402
 from ..layers import impl_for, kernel_layers  # noqa: E402
 from ..nets import Layer, Net, get_net  # noqa: E402
 from ..stages import STAGES, Variant  # noqa: E402
@@ -436,6 +436,7 @@ class StudentPhases:
         self.student: dict[str, Variant] = {}  # graded variant -> the student's functions, as the stage declares
         self.checked: dict[str, Variant] = {}  # ... with the timed variant's conv functions traced
         self.tracer: ownership.Tracer | None = None
+        self.held: dict = {}  # (variant, net, what) -> the arrays of a case that a later one lands on (labkit.freed)
 
     # --- the student's kernel cells, and nothing else of the notebook
     def load(self) -> bool:
@@ -530,12 +531,12 @@ class StudentPhases:
         try:
             with gpu.counting() as counts, simcheck.watching() if watch_races else nullcontext() as watch:
                 if layer is not None:
-                    called = engine.checked_call(fn, layer, x, w, v.arrays)
+                    called = engine.checked_call(self._paired(case, fn, layer), layer, x, w, v.arrays)
                     got = called.out
                     nan_counts(result, called.nan)
                 else:
                     net = ctx.nets[case.net]
-                    got = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
+                    got = engine.forward(net, v, self._landed(case, engine.prepare(net, v, x, w)), check=True)
         except _Tampered:
             raise
         except BaseException as exc:  # noqa: BLE001 - the student's raise is a FAIL with its line, not a crash
@@ -549,6 +550,28 @@ class StudentPhases:
         # judged wrong: the rest of this layer (its other batch sizes) and its net's forward pass would only repeat it
         verdict = ctx.answer()
         return result.error is None and verdict is P.Answer.CONTINUE
+
+    def _paired(self, case: P.CaseSpec, fn, layer: Layer):
+        """A layer with weights: ``fn`` through one ``freed.Pair`` for all of its cases, which keeps the arrays of a
+        case that a later one ``lands_on`` and hands that one its own where they were, freed just before."""
+        if not weighted(layer):
+            return fn
+        key = (case.variant, case.net_name, case.what)
+        if key not in self.held:
+            self.held[key] = freed.Pair(fn)
+        if case.lands_on is not None:
+            self.held[key].land(case.lands_on)
+        elif any(c.lands_on == case.id for c in self.ctx.job.cases):
+            self.held[key].keep(case.id)
+        return self.held[key]
+
+    def _landed(self, case: P.CaseSpec, prepared: engine.Prepared) -> engine.Prepared:
+        """A net's weights: kept, or (``lands_on``) put where the kept ones, freed just before, were."""
+        held = self.held.setdefault((case.variant, case.net_name, case.what), freed.Held())
+        arrays = list(prepared.weights.values())
+        arrays = held.keep(arrays) if case.lands_on is None else held.swap(arrays)
+        prepared.weights = dict(zip(prepared.weights, arrays))
+        return prepared
 
     # --- technique: how much of the timed variant's conv work uses the stage's memory (values passed above)
     def technique(self) -> bool:
