@@ -275,6 +275,12 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
         else "gradescope/<student>/results.json"
     out = Path(report["meta"].get("written_to") or out)  # a fallback folder, where --out failed at the end
     click.echo(f"\nwrote {out / 'grades.csv'}, {out / 'grades.json'} and {out / gs}")
+    again = grading.regrade_command(report, submissions, out)
+    if again:  # the grader's own faults, never a student's: the run is not done
+        n = sum(r["status"] == "grader-error" for r in report["rows"])
+        click.echo(f"\n{n} row{'s are' if n > 1 else ' is'} the grader's own error, not the student's; grade "
+                   f"{'them' if n > 1 else 'it'} again with:\n  {again}", err=True)
+        sys.exit(3)
 
 
 def _grades_out(out: Path, merge: bool, force: bool) -> None:

@@ -107,36 +107,85 @@ def _why(exc: BaseException) -> str:
     return f"capture failed: {type(exc).__name__}: {text[:200]}{hint}"
 
 
-def check_replay(make_call, variant, wl, lane: streams.Lane | None = None):
-    """Check a call that replays a graph: ``make_call(variant, wl, lane)`` returns a no-argument ``call()`` giving
-    the class probabilities of ``wl``'s images on the host (images x classes). PASS when ``lk.predict(call())``
-    equals the predictions of the engine's own call (``engine.forward`` on ``engine.prepare(wl...)``) on every
-    image. A raise is one FAIL line worded as every self-check words it (``labkit.check.describe_failure``: a TODO
-    stub is "not implemented yet"). Returns the ``CheckResult``; the notebook prints it."""
-    import numpy as np
+#: the calls a graph-replaying function is checked on, here and by the grader (``labkit.tasks``): (variant,
+#: images, fresh) with variant 0 or 1 of the two given, images 0 (the first set), 1 (others, fewer) or 2 (as many as
+#: the first, other values); fresh: a new ``make_call(...)``, else the last call replayed again. A function that
+#: keeps the first call's graph and replays it for later calls' other inputs or variant fails on the third call.
+REPLAY_PLAN = ((0, 0, True), (0, 0, False), (0, 1, True), (1, 1, True), (0, 2, True))
+#: what a call that gives another call's answers most likely does
+KEPT = "a graph captured for other inputs or another variant, replayed here?"
 
-    from . import engine, gpu, reference
+
+def replay_images(wl) -> list:
+    """The three sets of images of ``REPLAY_PLAN`` from one workload: its images, half of them in reverse order, and
+    its images reversed (as many as the first, other values where they differ)."""
+    from .workloads import Workload
+
+    def subset(x, note):
+        return Workload(wl.net, wl.weights, x, None, wl.simulated, wl.synthetic, f"{wl.note} ({note})")
+
+    return [wl, subset(wl.x[::-1][:max(1, wl.images // 2)].copy(), "half of the images, reversed"),
+            subset(wl.x[::-1].copy(), "the images reversed")]
+
+
+def check_replay(make_call, variant, wl, lane: streams.Lane | None = None, other=None):
+    """Check a call that replays a graph: ``make_call(variant, wl, lane)`` returns a no-argument ``call()`` giving
+    the class probabilities of ``wl``'s images on the host (images x classes). Called as ``REPLAY_PLAN`` says
+    (made, replayed again, made for other images, for ``other`` variant, for images of the first shape): PASS when
+    every call's predictions equal those of the engine's own call on the same images and variant. A raise is one
+    FAIL line worded as every self-check words it (``labkit.check.describe_failure``: a TODO stub is "not
+    implemented yet"). Returns the ``CheckResult``; the notebook prints it."""
+    from . import gpu
     from .check import CheckResult, describe_failure
 
     name, fn_name = "graph replay", getattr(make_call, "__name__", "make_call")
-    shape = (wl.images, *wl.net.shapes()[wl.net.layers[-1].name])
-    try:
-        got = make_call(variant, wl, lane if lane is not None else streams.lanes(1)[0])()
-    except Exception as exc:  # noqa: BLE001 - the student's code: said in one line
-        gpu.synchronize()
-        return CheckResult(name, False, detail=describe_failure(exc, fn_name))
+    variants, sets = (variant, other if other is not None else variant), replay_images(wl)
+    call = None
+    for k, (v, i, fresh) in enumerate(REPLAY_PLAN):
+        try:
+            if fresh or call is None:
+                call = make_call(variants[v], sets[i], lane if lane is not None else streams.lanes(1)[0])
+            got = call()
+        except Exception as exc:  # noqa: BLE001 - the student's code: said in one line
+            gpu.synchronize()
+            return CheckResult(name, False, detail=describe_failure(exc, fn_name))
+        why = _replay_wrong(got, variants[v], sets[i], later=k > 0)
+        if why:
+            where = f"call {k + 1} ({sets[i].images} images{'' if fresh else ', replayed again'})"
+            return CheckResult(name, False, detail=f"{where}: {why}")
+    return CheckResult(name, True, note="its predictions equal the engine's on every image of every call")
+
+
+def unusable(got, shape: tuple[int, int], later: bool) -> str | None:
+    """Why a call's result is not the probabilities on the host (``shape``: images x classes), in a clause; None
+    when it is. A ``later`` call that answers for another number of images most likely replays another's graph."""
+    import numpy as np
+
     if not isinstance(got, np.ndarray) or got.shape != shape:
         what = f"an array of shape {got.shape}" if isinstance(got, np.ndarray) else f"a {type(got).__name__}"
-        return CheckResult(name, False, detail=f"call() returned {what}; expected the probabilities on the host, "
-                                               f"{shape[0]} x {shape[1]} (images x classes)")
+        kept = later and isinstance(got, np.ndarray) and got.shape[1:] == shape[1:]
+        return (f"call() returned {what}; expected the probabilities on the host, {shape[0]} x {shape[1]} "
+                f"(images x classes)" + (f": {KEPT}" if kept else ""))
     bad = np.flatnonzero(~np.isfinite(got).all(axis=1))
     if bad.size:
-        return CheckResult(name, False, detail=f"{bad.size} of {wl.images} images' probabilities are not finite, "
-                                               f"first image {bad[0]}: never copied back, or read before the lane "
-                                               f"was synchronized?")
+        return (f"{bad.size} of {shape[0]} images' probabilities are not finite, first image {bad[0]}: never copied "
+                f"back, or read before the lane was synchronized?")
+    return None
+
+
+def _replay_wrong(got, variant, wl, later: bool) -> str | None:
+    """What is wrong with one call's probabilities against the engine's on the same images; None if right. A
+    ``later`` call whose answers are another's is most likely a graph kept from an earlier call (``KEPT``)."""
+    import numpy as np
+
+    from . import engine, reference
+
+    why = unusable(got, (wl.images, *wl.net.shapes()[wl.net.layers[-1].name]), later)
+    if why:
+        return why
     want = reference.predict(engine.forward(wl.net, variant, engine.prepare(wl.net, variant, wl.x, wl.weights)))
     differ = np.flatnonzero(reference.predict(got) != want)
     if differ.size:
-        return CheckResult(name, False, detail=f"{differ.size} of {wl.images} predictions differ from the engine's, "
-                                               f"first at image {differ[0]}")
-    return CheckResult(name, True, note="its predictions equal the engine's on every image")
+        return (f"{differ.size} of {wl.images} predictions differ from the engine's, first at image {differ[0]}"
+                + (f": {KEPT}" if later else ""))
+    return None

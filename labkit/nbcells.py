@@ -32,11 +32,21 @@ def read(path: str | Path) -> nbformat.NotebookNode:  # noqa: F821 - imported wh
         raise NotebookError(f"{path} is not a readable notebook ({type(exc).__name__}: {exc})") from None
 
 
-def tagged_cells(nb: nbformat.NotebookNode, tag: str = KERNEL_TAG) -> list[tuple[int, str]]:
-    """(cell index, source) of the code cells carrying ``tag``, with IPython magics removed."""
+def _defines(src: str, names: tuple[str, ...]) -> bool:
+    """Whether a cell defines one of ``names`` at its top level (``def name(`` at the start of a line)."""
+    return any(re.search(rf"^(?:async\s+)?def\s+{re.escape(n)}\s*\(", src, re.M) for n in names)
+
+
+def tagged_cells(nb: nbformat.NotebookNode, tag: str = KERNEL_TAG, define: tuple[str, ...] = ()) \
+        -> list[tuple[int, str]]:
+    """(cell index, source) of the code cells carrying ``tag``, with IPython magics removed; with ``define``, also
+    the untagged cells that define one of those functions (a task's function in a notebook from an earlier
+    release, whose cell lacked the tag), in notebook order."""
     cells = []
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and tag in cell.get("metadata", {}).get("tags", []):
+        if cell.cell_type != "code":
+            continue
+        if tag in cell.get("metadata", {}).get("tags", []) or (define and _defines(cell.source, define)):
             src = "\n".join("" if _MAGIC.match(line) else line for line in cell.source.splitlines())
             cells.append((i, src))
     return cells

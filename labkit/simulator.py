@@ -52,10 +52,12 @@ BUFFER_BYTES = 16 << 10
 #: simulated threads for the interpreter; a short sleep lets them run (1.5 to 3 times faster on 2 cores, measured
 #: on stage 02's and 05's kernels)
 POLL_SECONDS = 1e-4
-#: how long the simulator's block manager sleeps between looks at its threads: numba's busy loop competes with the
-#: simulated threads for the interpreter; a short sleep lets them run (1.5 to 3 times faster on 2 cores, measured
-#: on stage 02's and 05's kernels)
-POLL_SECONDS = 1e-4
+#: the stack of one simulated thread: a block is as many Python threads as it has CUDA threads, and at the system's
+#: 8 MB each a block of 256 reserved 2 GB of address space, which a grading child's limit (RLIMIT_AS) counts
+THREAD_STACK_BYTES = 2 << 20
+#: glibc's malloc arenas: one per thread that finds the others busy, each reserving 64 MB; on a busy 16-core machine
+#: a simulated block took dozens (the child then ran out of address space: "can't start new thread")
+MALLOC_ARENAS = 2
 
 
 def active() -> bool:
@@ -185,12 +187,25 @@ def images(n: int, target: str) -> int:
 _patched = [False]
 
 
+def size_threads() -> None:
+    """What a block of simulated threads needs, and no more: small stacks, few malloc arenas (glibc only)."""
+    import ctypes
+    import threading
+
+    threading.stack_size(THREAD_STACK_BYTES)
+    try:
+        ctypes.CDLL(None).mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 def be_polite() -> None:
     """Make the simulator's block manager sleep between polls of its threads instead of spinning (once per process;
     a numba whose block manager looks different is left alone)."""
     if _patched[0]:
         return
     _patched[0] = True
+    size_threads()
     import time
 
     import numpy as np

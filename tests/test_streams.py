@@ -494,7 +494,34 @@ def graph_call(variant, wl, lane):
 def test_check_replay_passes_a_right_graph_call(replay_workload):
     r = graphs.check_replay(graph_call, KERNELS, replay_workload)
     assert r.passed, str(r)
-    assert str(r) == "graph replay: PASS (its predictions equal the engine's on every image)"
+    assert str(r) == "graph replay: PASS (its predictions equal the engine's on every image of every call)"
+
+
+def test_check_replay_fails_a_graph_kept_from_the_first_call(replay_workload):
+    """Called again with other images (fewer, then as many with other values) and another variant: a call that
+    keeps the first graph and replays it gives the first images' answers."""
+    kept = []
+
+    def keeps_the_first(variant, wl, lane):
+        if not kept:
+            kept.append(graph_call(variant, wl, lane))
+        return kept[0]
+
+    r = graphs.check_replay(keeps_the_first, KERNELS, replay_workload)
+    n, half = replay_workload.images, max(1, replay_workload.images // 2)
+    assert str(r) == (f"graph replay: FAIL (call 3 ({half} images): call() returned an array of shape ({n}, 10); "
+                      f"expected the probabilities on the host, {half} x 10 (images x classes): {graphs.KEPT})")
+    same_size = []
+
+    def keeps_by_shape(variant, wl, lane):  # a graph per batch size: the third set has the first one's size
+        found = [c for size, c in same_size if size == wl.images]
+        if not found:
+            same_size.append((wl.images, graph_call(variant, wl, lane)))
+            return same_size[-1][1]
+        return found[0]
+
+    r = graphs.check_replay(keeps_by_shape, KERNELS, replay_workload)
+    assert not r.passed and str(r).startswith("graph replay: FAIL (call 5 (") and graphs.KEPT in str(r), str(r)
 
 
 def _rolled(variant, wl, lane):
@@ -510,16 +537,17 @@ def _unwritten(variant, wl, lane):
 def test_check_replay_fails_other_predictions(replay_workload):
     r = graphs.check_replay(_rolled, KERNELS, replay_workload)
     n = replay_workload.images
-    assert str(r) == f"graph replay: FAIL ({n} of {n} predictions differ from the engine's, first at image 0)"
+    assert str(r) == (f"graph replay: FAIL (call 1 ({n} images): {n} of {n} predictions differ from the engine's, "
+                      f"first at image 0)")
     r = graphs.check_replay(_unwritten, KERNELS, replay_workload)
-    assert str(r) == (f"graph replay: FAIL ({n} of {n} images' probabilities are not finite, first image 0: never copied "
-                      "back, or read before the lane was synchronized?)")
+    assert str(r) == (f"graph replay: FAIL (call 1 ({n} images): {n} of {n} images' probabilities are not finite, "
+                      f"first image 0: never copied back, or read before the lane was synchronized?)")
 
 
 def test_check_replay_fails_a_call_that_returns_no_probabilities(replay_workload):
     r = graphs.check_replay(lambda v, wl, lane: (lambda: None), KERNELS, replay_workload)
-    assert str(r) == (f"graph replay: FAIL (call() returned a NoneType; expected the probabilities on the host, "
-                      f"{replay_workload.images} x 10 (images x classes))")
+    assert str(r) == (f"graph replay: FAIL (call 1 ({replay_workload.images} images): call() returned a NoneType; "
+                      f"expected the probabilities on the host, {replay_workload.images} x 10 (images x classes))")
     r = graphs.check_replay(lambda v, wl, lane: (lambda: np.zeros((9, 10))), KERNELS, replay_workload)
     assert not r.passed and "an array of shape (9, 10)" in str(r)
 

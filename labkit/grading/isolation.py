@@ -172,6 +172,21 @@ def foreign_namespaces(pids) -> set[int]:
     return {ns for ns in map(_pid_ns, pids) if ns and ns != own}
 
 
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"  # gone
+
+
+def _wait_stopped(pids, timeout: float = 2.0) -> None:
+    """Until every one of ``pids`` is stopped (or gone), at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(_state(p) not in ("T", "t", "Z", "X") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
 # ---------------------------------------------------------------------------------------------------- modes
 
 
@@ -203,6 +218,31 @@ class Isolation:
     def exit_status(self, code: int | None) -> int | None:
         """The worker's exit status as ``subprocess`` gives it (-N: killed by signal N)."""
         return code
+
+    def processes(self, child: Child) -> list[int]:
+        """Every process of the job now: the child's session and its descendants."""
+        from .sandbox import _proc_table, descendants
+
+        table = _proc_table()
+        return sorted({pid for pid, _, pgid in table if pgid == child.proc.pid}
+                      | set(descendants(child.proc.pid, table)) | ({child.proc.pid} if child.proc.poll() is None
+                                                                   else set()))
+
+    def pause(self, child: Child, stop: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) every process of the job (``labkit.grading.turns``): twice, so that
+        a process forked while the first pass ran is stopped too."""
+        sig = signal.SIGSTOP if stop else signal.SIGCONT
+        done: set[int] = set()
+        for _ in range(2):
+            for pid in self.processes(child):
+                if pid not in done:
+                    done.add(pid)
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        if stop:  # a signal takes effect when its process next runs: a turn starts once they all have
+            _wait_stopped(done)
 
 
 
@@ -281,6 +321,10 @@ class Bwrap(Sandboxed):
         kill_tree(child.proc)
         return wait_gone([child.pid_ns])
 
+    def processes(self, child: Child) -> list[int]:
+        """Every process of the job's PID namespace (a process that left the child's tree is still there)."""
+        return ns_members(child.pid_ns) if child.pid_ns else super().processes(child)
+
 
 class Container(Sandboxed):
     """A course's container image: the child reads the image and the bound paths, writes its scratch folder."""
@@ -329,6 +373,12 @@ class Apptainer(Container):
         kill_tree(child.proc)  # the container's first process among them: its namespace goes with it
         return wait_gone(namespaces)
 
+    def processes(self, child: Child) -> list[int]:
+        from .sandbox import descendants
+
+        members = [pid for ns in foreign_namespaces(descendants(child.proc.pid)) for pid in ns_members(ns)]
+        return sorted(set(members) | set(super().processes(child)))
+
 
 class Docker(Container):
     mode = "docker"
@@ -371,6 +421,14 @@ class Docker(Container):
                 pass
         kill_tree(child.proc)
         return []
+
+    def pause(self, child: Child, stop: bool) -> None:
+        """The engine runs the container: ``docker pause`` (the cgroup freezer) or ``docker unpause``."""
+        try:
+            subprocess.run([self.exe, "pause" if stop else "unpause", child.name], capture_output=True,
+                           timeout=WAIT_GONE_S)
+        except (OSError, subprocess.SubprocessError):
+            pass
 
 
 # ------------------------------------------------------------------------------------------------ choosing

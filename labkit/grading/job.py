@@ -10,20 +10,22 @@ import dataclasses
 import shutil
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 
-from .. import reference
+from .. import data, graphs, reference, simulator, tasks, whole
 from ..cudacpu import LABEL as CUDA_C_LABEL
 from ..check import CheckResult, compare, kept_from_earlier, layer_case, network_case, weighted
 from ..engine import NanCauses
 from ..nets import get_net
-from . import hints, sandbox, scoring
+from . import hints, isolation, sandbox, scoring
 from . import protocol as P
 from .plan import References, StagePlan
 from .protocol import read_array
 from .scoring import JobOutcome
+from .turns import WHOLE, Running, Turns
 
 
 #: how far a timed pass's class probability may be from the float64 reference's (float32 sums differ by ~1e-6)
@@ -76,6 +78,60 @@ class Inputs:
         np.savez(folder / "inputs.npz", **self.arrays)
         return str(folder / "inputs.npz")
 
+    def task_calls(self, plan: StagePlan, rng: np.random.Generator, first_id: int) -> tuple[list, dict]:
+        """The calls of the stage's tasks with checks of their own (``labkit.tasks``) and, for each, what the
+        grader expects: the float64 reference's probabilities (graph) or classes (pipeline) on fresh inputs."""
+        calls, expected = [], {}
+        for task in tasks.own_phases(plan.stage.number):
+            if plan.task_points(task.name) <= 0:
+                continue
+            for spec, want in _TASK_CALLS[task.check](task, rng):
+                spec.id = first_id + len(calls)
+                spec.weights = self.weights(f"t{spec.id}", want.pop("weights"))
+                self.nets[want["net"].name] = dataclasses.asdict(want["net"])
+                if "x" in want:
+                    self.arrays[f"t{spec.id}.x"] = want.pop("x")
+                    spec.x = f"t{spec.id}.x"
+                calls.append(spec)
+                expected[spec.id] = {**want, "task": task.name, "function": task.function, "check": task.check}
+        return calls, expected
+
+
+def _graph_calls(task: tasks.Task, rng: np.random.Generator):
+    """A graph's calls as ``labkit.graphs.REPLAY_PLAN`` says (made, replayed again, made for other images, for the
+    other given variant, for new images of the first shape), each on fresh random images and weights, each compared:
+    a graph kept from an earlier call replays that call's inputs."""
+    first = 3 if simulator.active() else 128
+    sets = [network_case("cifar10", n, rng) for n in (first, max(1, first // 2), first)]
+    for k, (v, i, fresh) in enumerate(graphs.REPLAY_PLAN):
+        case, variant = sets[i], task.given[v]
+        spec = P.TaskCallSpec(id=0, task=task.name, check="graph", function=task.function, variant=variant,
+                              net=case.net.name, weights={}, fresh_call=fresh)
+        want = {"net": case.net, "probs": case.expected, "weights": case.weights if fresh else {}, "later": k > 0,
+                "what": f"{len(case.x)} images, {variant}" + ("" if fresh else ", replayed again")}
+        if fresh:
+            want["x"] = case.x
+        yield spec, want
+
+
+def _pipeline_calls(task: tasks.Task, rng: np.random.Generator):
+    """A pipeline's cases (``labkit.whole``'s: odd counts, a smaller last chunk, more streams than chunks): bytes
+    drawn from a fresh seed, which the child draws again (``whole.run_pipeline``), and the float64 reference's
+    class of every image."""
+    net = simulator.net_for("cifar10", "gpu")
+    weights = network_case("cifar10", 1, rng).weights
+    for images, chunk, count in (whole.CASES_SIMULATOR if simulator.active() else whole.CASES_GPU):
+        seed = int(rng.integers(2 ** 31))
+        raw = whole.case_bytes(net, images, np.random.default_rng(seed))
+        probs = np.asarray(reference.forward(net, weights, data.to_input(net, raw), accumulate="float64"))
+        spec = P.TaskCallSpec(id=0, task=task.name, check="pipeline", function=task.function, variant=task.given[0],
+                              net=net.name, weights={}, images=images, seed=seed, chunk=chunk, streams=count)
+        yield spec, {"net": net, "weights": weights, "probs": probs,
+                     "what": f"{images} images in chunks of {chunk} over {count} streams"}
+
+
+_TASK_CALLS = {"graph": _graph_calls, "pipeline": _pipeline_calls}
+
 
 def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
     """A fresh job folder with private copies of labkit and of the solutions (checksummed): (folder, lib,
@@ -106,6 +162,14 @@ def _child_env(folder: Path, lib: Path, solutions: Path, extra: dict) -> dict:
                               "LABKIT_SOLUTIONS": str(solutions), **extra}, lib=lib)
 
 
+def _last_kernel(folder: Path) -> str:
+    """The kernel the child launched last on a GPU (the worker writes its name), for a hung job's row."""
+    try:
+        return (folder / "work" / P.LAST_LAUNCH).read_text(errors="replace").split("\n")[0].strip()[:120]
+    except OSError:
+        return ""
+
+
 def _imported_from(lib: Path, msg: P.Hello) -> str | None:
     """A grader error unless the child imported labkit from its private copy."""
     if not Path(msg.labkit).resolve().is_relative_to(lib.resolve()):
@@ -127,12 +191,13 @@ class ReferenceTiming:
 
 
 def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_extra: dict | None = None,
-                  sandbox=None) -> ReferenceTiming:
+                  sandbox=None, turns: Turns | None = None) -> ReferenceTiming:
     """The stage's solution graded as a student is, in a child of its own that never holds student code (once per
-    stage and device in a run): the same engine, clock and tracing time it, and the job's wall time scales the
-    students' time limit. A solution that does not pass is the grader's error."""
+    stage and device in a run): the same engine, clock and tracing time it, and the job's wall time, measured alone
+    (the whole machine's turn: every other job stopped), scales the students' time limit. A solution that does not
+    pass is the grader's error."""
     job = Job(plan, refs, "(reference solution)", plan.solution, seed, gpu)
-    job.env_extra, job.sandbox = dict(env_extra or {}), sandbox
+    job.env_extra, job.sandbox, job.turns, job.alone = dict(env_extra or {}), sandbox, turns, True
     job.time_limit = 2 * plan.time_limit  # the kit's own code: a busy machine must not make it the grader's error
     o = job.run()
     row = job.row()
@@ -181,6 +246,44 @@ def nan_causes(msg: P.CaseResult) -> NanCauses | None:
     return NanCauses(unwritten=msg.nan_unwritten or 0, added=msg.nan_added or 0, read=msg.nan_read or 0)
 
 
+#: a class the float64 reference gives with a lead this small over the next is a near tie: float32 may pick either
+NEAR_TIE = 1e-5
+
+
+def task_mismatch(want: dict, out: np.ndarray | None) -> str | None:
+    """What is wrong with one task call's result (``labkit.tasks``), in a clause; None when it is right. graph:
+    the probabilities on the host, each within ``PROBABILITY_TOL`` of the float64 reference's; pipeline: every
+    image's class (near ties aside), as the pipeline left them when it returned."""
+    ref = np.asarray(want["probs"], np.float64)
+    if want["check"] == "pipeline":
+        return _classes_mismatch(out, ref)
+    why = graphs.unusable(out, ref.shape, bool(want.get("later")))
+    if why:
+        return why
+    off = np.flatnonzero(np.abs(out.astype(np.float64) - ref).max(axis=1) > PROBABILITY_TOL)
+    if off.size:
+        return (f"{off.size} of {len(out)} images' probabilities differ from the reference's, first at image "
+                f"{off[0]}" + (f": {graphs.KEPT}" if want.get("later") else ""))
+    return None
+
+
+def _classes_mismatch(got: np.ndarray | None, probs: np.ndarray) -> str | None:
+    """A pipeline's classes against the float64 reference's (images whose two best classes are a near tie aside)."""
+    n = len(probs)
+    if got is None or not isinstance(got, np.ndarray) or got.shape != (n,):
+        return f"the classes came back as {getattr(got, 'shape', None)}, expected ({n},)"
+    best = np.sort(probs, axis=1)
+    tie = best[:, -1] - best[:, -2] < NEAR_TIE
+    wrong = np.flatnonzero((got != probs.argmax(axis=1)) & ~tie)
+    if not wrong.size:
+        return None
+    unwritten = int(np.count_nonzero(got == -1))
+    return (f"{wrong.size} of {n} classes differ from the reference's, first at image {wrong[0]} (got {got[wrong[0]]}, "
+            f"want {probs[wrong[0]].argmax()})" + (f"; {unwritten} still -1 (never downloaded: the last, smaller "
+                                                   f"chunk left out, or a lane not synchronized before returning?)"
+                                                   if unwritten else ""))
+
+
 class Job:
     """One (student, stage): build inputs, run the child, judge what comes back."""
 
@@ -197,6 +300,10 @@ class Job:
         self._pass_images: list = []  # each timed pass's images (fresh): the reference's answers are computed here
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
+        self.turns: Turns | None = None  # the run's turns (labkit.grading.turns): None, no other job to stop
+        self.alone = False  # a reference job: the whole machine's turn for its whole run
+        self.running: Running | None = None
+        self._task_expected: dict[int, dict] = {}  # task call id -> what the grader expects of it
 
     # ---- inputs
     def build(self, folder: Path) -> P.JobSpec:
@@ -225,7 +332,10 @@ class Job:
 
         for vname, spec in plan.variants.items():
             for net_name in spec.nets:
-                for layer_name in spec.layers[net_name]:
+                # layer by layer: the stage's own layers (given code is the kit's, tested there; a student's own
+                # version of a given layer is still checked in the whole network, every intermediate poisoned)
+                own = spec.layers[net_name] if spec.own is None else spec.own.get(net_name, [])
+                for layer_name in own:
                     # every batch size, then the first one again on fresh inputs: a result kept from an earlier
                     # call (cached by shape) is wrong there; for a layer with weights, its arrays are put where the
                     # first call's, freed just before, were (labkit.freed): a kernel or result kept by id() of a
@@ -246,13 +356,17 @@ class Job:
             accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
         timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
+        task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
+        self.outcome.task_calls = {}
+        for want in self._task_expected.values():
+            self.outcome.task_calls[want["task"]] = self.outcome.task_calls.get(want["task"], 0) + 1
         self.outcome.cases = len(cases)
         self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
         self.outcome.accuracy_runs = len(accuracy)
         tech = plan.technique()
         return P.JobSpec(stage=plan.stage.number, notebook="", inputs=inputs.save(folder),
                          variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
-                         cases=cases, accuracy=accuracy, timing=timing,
+                         cases=cases, accuracy=accuracy, timing=timing, tasks=task_calls,
                          technique=P.TechniqueSpec(**tech) if tech else None,
                          own_layers=list(r["checks"].get("own_layers", ["conv"])), memory_mb=r["limits"]["memory_mb"],
                          memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
@@ -386,6 +500,7 @@ class Job:
 
     def _on_loaded(self, msg: P.Loaded, payload, answer) -> None:
         o = self.outcome
+        o.finished.add("load")
         o.problems = dict(msg.problems)
         o.forbidden += msg.forbidden
         answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE)
@@ -404,12 +519,38 @@ class Job:
     def _on_checks_done(self, msg: P.ChecksDone, payload, answer) -> None:
         o = self.outcome
         o.checks_done = True
+        o.finished.add("checks")
         if msg.emulated:
             o.notes.append(f"its CUDA C ran on the {CUDA_C_LABEL} (labkit.cudacpu): the checks a GPU runs, no timing")
         answer(P.Answer.CONTINUE if scoring.checks_passed(o) and not o.forbidden else P.Answer.STOP)
 
+    def _on_task(self, msg: P.TaskResult, payload, answer) -> None:
+        want = self._task_expected.get(msg.id)
+        if want is None:
+            self.outcome.protocol_error = f"a task result for an unknown call {msg.id!r}"
+            return
+        rec = self.outcome.tasks.setdefault(want["task"], {"passed": True, "line": "", "calls": 0})
+        if msg.skipped:
+            return
+        rec["calls"] += 1
+        why = msg.error or task_mismatch(want, read_array(payload, "out"))
+        if why and rec["passed"]:
+            rec.update(passed=False, line=f"{want['function']}: FAIL ({want['what']}: {why})")
+        answer(P.Answer.STOP if why else P.Answer.CONTINUE)
+
+    def _on_turn(self, msg: P.Turn, payload, answer) -> None:
+        """The timed phase waits for its turn: every other job stopped (``labkit.grading.turns``)."""
+        if self.turns is not None and self.running is not None:
+            self.turns.acquire(self.running, WHOLE if self.alone else self.device)
+        answer(P.Answer.CONTINUE)
+
+    def _release_turn(self) -> None:
+        if self.turns is not None and self.running is not None and not self.alone:
+            self.turns.release(self.running)
+
     def _on_technique(self, msg: P.Technique, payload, answer) -> None:
         self.outcome.technique = {"passed": msg.passed, "line": msg.line}
+        self.outcome.finished.add("technique")
 
     def _on_accuracy(self, msg: P.AccuracyResult, payload, answer) -> None:
         self._accuracy(msg, payload)
@@ -417,16 +558,21 @@ class Job:
     def _on_accuracy_done(self, msg, payload, answer) -> None:
         o = self.outcome
         o.accuracy_done = True
+        o.finished.update(("tasks", "accuracy"))
         req = self.plan.rubric["op_time"]["requires_accuracy"]
-        go = self.plan.measured and (scoring.accuracy_passed(o) or not req) and not o.forbidden
-        answer(P.Answer.CONTINUE if go else P.Answer.STOP)
+        go = self.plan.measured and (scoring.accuracy_passed(o) or not req)
+        if not go:
+            o.finished.add("timing")  # nothing to time
+        answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE if go else P.Answer.SKIP)
 
     def _on_timing(self, msg: P.Timing, payload, answer) -> None:
+        self._release_turn()
         o = self.outcome
+        o.finished.add("timing")
         if msg.error:
             o.timing_error = msg.error
             return
-        o.timing_runs, o.timing_method = self._runs(msg.runs), msg.method
+        o.timing_runs, o.timing_method, o.quiet_s = self._runs(msg.runs), msg.method, msg.quiet_s
         preds = self._predictions(payload, o.timing_runs)
         o.timing_mismatches = mismatches(expected_passes(self.refs, self.plan, self._pass_images), preds) \
             if preds else None
@@ -437,6 +583,7 @@ class Job:
 
     def _on_grader_error(self, msg: P.GraderError, payload, answer) -> None:
         self.outcome.grader_error = msg.message
+        self.outcome.resource_error = msg.resource
 
     def _on_done(self, msg, payload, answer) -> None:
         self.outcome.done = True
@@ -444,7 +591,8 @@ class Job:
     HANDLERS = {P.Hello: _on_hello, P.Phase: _on_phase, P.Start: _on_phase,
                 P.LoadError: _on_load_error, P.Loaded: _on_loaded, P.CaseResult: _on_case,
                 P.ChecksDone: _on_checks_done, P.Technique: _on_technique, P.AccuracyResult: _on_accuracy,
-                P.AccuracyDone: _on_accuracy_done, P.Timing: _on_timing, P.Tampered: _on_tampered,
+                P.AccuracyDone: _on_accuracy_done, P.TaskResult: _on_task, P.Turn: _on_turn,
+                P.Timing: _on_timing, P.Tampered: _on_tampered,
                 P.GraderError: _on_grader_error, P.Done: _on_done}
 
     def handle(self, kind: P.Kind, meta: dict, payload: bytes, answer) -> bool:
@@ -478,36 +626,52 @@ class Job:
             return o
         start = time.monotonic()
         folder, self.lib, solutions, guard = _private_folder(self.plan)
+        iso = self.sandbox if self.sandbox is not None else isolation.choose()
+        self.running = Running(iso, self.device)
         try:
             student_nb = folder / "student" / self.notebook.name
             shutil.copyfile(self.notebook, student_nb)
             job = self.build(folder)
             job.notebook, job.tuning = str(student_nb), _tuning_copy(folder)
             limits = self.plan.rubric["limits"]
-            end = sandbox.run_child(job.to_json(), folder, _child_env(folder, self.lib, solutions, self.env_extra),
-                                    self.time_limit, limits["memory_mb"], job.memory_guard == "rss", self.handle,
-                                    self.sandbox)
+            with self.turns.hold(self.running) if self.alone and self.turns is not None else nullcontext():
+                end = sandbox.run_child(job.to_json(), folder,
+                                        _child_env(folder, self.lib, solutions, self.env_extra), self.time_limit,
+                                        limits["memory_mb"], job.memory_guard == "rss", self.handle, iso,
+                                        self.running, self.turns)
             o.time_limit = self.time_limit
-            o.timed_out, o.memory_exceeded, o.returncode, o.stderr_tail = \
-                end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail
+            o.timed_out, o.memory_exceeded, o.returncode, o.stderr_tail, o.survivors = \
+                end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail, end.survivors
             o.protocol_error = o.protocol_error or end.protocol_error
             o.tampered = guard.changed()
+            o.last_kernel = _last_kernel(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        if not self.plan.technique():
+            o.finished.add("technique")
         if self.gpu and o.technique is not None:
             self._technique_counted()
-        o.seconds = time.monotonic() - start
+        o.paused_s += self.running.paused_s()  # (the technique's second child adds its own)
+        o.seconds = time.monotonic() - start - o.paused_s
         return o
+
+    @property
+    def device(self) -> str:
+        """What a timing here shares: the GPU the job is pinned to, or this machine's processors."""
+        if not self.gpu:
+            return "cpu"
+        return f"gpu{self.env_extra.get('CUDA_VISIBLE_DEVICES', '')}"
 
     def _technique_counted(self) -> None:
         """On a GPU the conv's loads cannot be counted, and "its kernels have shared memory" earns the points for a
         token use: the technique is measured again, as on a CPU machine, by a second child of the same job under
         the CUDA simulator (its load fractions against the stage's budget); that line replaces the GPU's."""
         counted = TechniqueJob(self.plan, self.refs, self.student, self.notebook, self.seed, gpu=False)
-        counted.env_extra, counted.sandbox, counted.time_limit = \
-            {**self.env_extra, "NUMBA_ENABLE_CUDASIM": "1"}, self.sandbox, self.time_limit
+        counted.env_extra, counted.sandbox, counted.time_limit, counted.turns = \
+            {**self.env_extra, "NUMBA_ENABLE_CUDASIM": "1"}, self.sandbox, self.time_limit, self.turns
         c = counted.run()
         o = self.outcome
+        o.paused_s += c.paused_s
         t = c.technique or {"passed": False, "line": f"{self.plan.technique()['layer']} uses "
                                                      f"{self.plan.technique()['memory']} memory: not counted on the "
                                                      f"simulator ({TechniqueJob.failure(c)})"}
@@ -540,7 +704,7 @@ class TechniqueJob(Job):
         answer(P.Answer.STOP if self.outcome.forbidden else P.Answer.CONTINUE)
 
     def _on_accuracy_done(self, msg, payload, answer) -> None:
-        answer(P.Answer.STOP)
+        answer(P.Answer.SKIP)  # no timing: the technique's count, which comes after it
 
     HANDLERS = {**Job.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done}
 

@@ -155,8 +155,9 @@ class Code:
         return "other"
 
 
-def load_cells(path: str, record: set, trees: dict | None = None) -> dict:
-    """``labkit.nbcells.load`` that also records every code object its cells compile to (and their asts)."""
+def load_cells(path: str, record: set, trees: dict | None = None, define: tuple[str, ...] = ()) -> dict:
+    """``labkit.nbcells.load`` that also records every code object its cells compile to (and their asts); with
+    ``define``, also the untagged cells that define those functions (``nbcells.tagged_cells``)."""
     import linecache
     import re
     from pathlib import Path
@@ -164,7 +165,7 @@ def load_cells(path: str, record: set, trees: dict | None = None) -> dict:
     from .. import nbcells
 
     path = Path(path)
-    cells = nbcells.tagged_cells(nbcells._read_quick(path) or nbcells.read(path))
+    cells = nbcells.tagged_cells(nbcells._read_quick(path) or nbcells.read(path), define=define)
     if not cells:
         raise nbcells.NotebookError(f"{path.name} has no code cells tagged {nbcells.KERNEL_TAG!r}; the cells that "
                                     f"define your kernels must keep that tag (View > Cell Toolbar > Tags in Jupyter)")
@@ -535,10 +536,11 @@ def _settable(owner, attr: str, value) -> bool:
     return True
 
 
-def install_launch_hook(tracer_ref: list) -> list[tuple[type, str, object]]:
+def install_launch_hook(tracer_ref: list, on_launch=None) -> list[tuple[type, str, object]]:
     """Count every kernel launch (``kernel[grid, block](...)`` and ``lk.gpu.launch``) for the tracer in
     ``tracer_ref[0]``: the simulator's ``FakeCUDAKernel.__call__``, or numba-cuda's ``CUDADispatcher.call`` on a
-    GPU. Returns (class, attribute, hook) of what it installed (the snapshot keeps them in place)."""
+    GPU; ``on_launch(name)`` hears each GPU launch's kernel name (what a hung job's row names). Returns (class,
+    attribute, hook) of what it installed (the snapshot keeps them in place)."""
     installed = []
     try:
         from numba.cuda.simulator import kernel as sim_kernel
@@ -565,6 +567,8 @@ def install_launch_hook(tracer_ref: list) -> list[tuple[type, str, object]]:
         def gpu_call(self, *args, _orig=orig_gpu, **kwargs):
             if tracer_ref[0] is not None:
                 tracer_ref[0].launched(getattr(self, "py_func", None))
+            if on_launch is not None:
+                on_launch(getattr(getattr(self, "py_func", None), "__name__", "a kernel"))
             return _orig(self, *args, **kwargs)
 
         cls.call = gpu_call

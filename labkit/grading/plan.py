@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import check, data, reference, simulator
+from .. import check, data, reference, simulator, tasks
 from ..nets import Net, get_net
 from ..stages import Stage
 from ..weights_io import load_c_study_weights, load_weights, random_weights
@@ -89,13 +89,23 @@ class StagePlan:
         net = spec.nets[0]
         return [n for n in spec.layers[net] if get_net(net).layer(n).kind == "conv"]
 
+    def task_points(self, name: str) -> float:
+        """A task's own points (``labkit.tasks``): the rubric's ``tasks`` table, else the task's."""
+        return float(self.rubric.get("tasks", {}).get(name, tasks.find(self.stage.number, name).points))
+
+    def graded_tasks(self) -> dict[str, float]:
+        """The stage's tasks with checks of their own that earn points, and their points."""
+        found = {t.name: self.task_points(t.name) for t in tasks.own_phases(self.stage.number)}
+        return {name: pts for name, pts in found.items() if pts > 0}
+
     def max_points(self) -> dict[str, float]:
         """The most each part can give: accuracy counts only on labelled images, op time only when measured
         (unless ``op_time.when_not_measured`` says otherwise)."""
         pts, op = self.rubric["points"], self.rubric["op_time"]
         return {"correctness": pts["correctness"], "accuracy": pts["accuracy"] if self.accuracy_scored else 0,
                 "op_time": 0 if not self.measured and op["when_not_measured"] == "exclude" else pts["op_time"],
-                "technique": pts["technique"] if self.technique() else 0}
+                "technique": pts["technique"] if self.technique() else 0,
+                "tasks": sum(self.graded_tasks().values())}
 
     def technique(self) -> dict | None:
         """What the technique part checks ({memory, net, layer}), or None when the stage has none."""

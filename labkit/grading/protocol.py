@@ -26,6 +26,9 @@ from typing import ClassVar
 import numpy as np
 
 MAGIC = b"LKG1"
+#: the file in a job's scratch folder that holds the name of the kernel the child launched last on a GPU: a job that
+#: hangs in a kernel sends nothing more, and its row names the kernel from there
+LAST_LAUNCH = ".labkit_last_launch"
 HEADER = struct.Struct("<4sIQ")
 MAX_HEADER = 16 << 20
 MAX_PAYLOAD = 4 << 30
@@ -42,9 +45,13 @@ class Kind(str, enum.Enum):
     START = "start"  # one call into the student's code begins (names it for a timeout's message)
     CASE = "case"  # a check's raw output (or the error it raised, or a race); the parent answers continue/stop
     CHECKS_DONE = "checks_done"  # the parent answers: continue to the accuracy runs, or stop
+    TASK = "task"  # one call of a task the grader checks on its own (stage 10's graph replay, its pipeline): raw
+    # results; the parent answers continue/stop (a failing task's other calls are skipped)
     TECHNIQUE = "technique"  # how the timed variant's conv uses the stage's memory (labkit.check.check_technique)
     ACCURACY = "accuracy"  # one accuracy run's class probabilities
     ACCURACY_DONE = "accuracy_done"  # the parent answers: continue to the timing, or stop
+    TURN = "turn"  # the timed phase asks for its turn (labkit.grading.turns: every other job stopped); the parent
+    # answers once it holds it
     TIMING = "timing"  # the student's timed passes (and each pass's predictions)
     TAMPERED = "tampered"  # the snapshot differed after a call into the student's code: what changed, and when
     GRADER_ERROR = "grader_error"  # the child's own failure (or the reference's): not the student's fault
@@ -57,6 +64,7 @@ class Kind(str, enum.Enum):
 class Answer(str, enum.Enum):
     CONTINUE = "continue"
     STOP = "stop"
+    SKIP = "skip"  # after the accuracy runs: no timing, but the phases after it (the technique) still
 
     def __str__(self) -> str:
         return self.value
@@ -137,6 +145,8 @@ class VariantSpec(Record):
     per_image: bool
     nets: tuple[str, ...]
     layers: dict[str, list[str]]  # net -> the layers this variant has a function for
+    own: dict[str, list[str]] | None = None  # net -> the layers whose function is the notebook's own (not given
+    # code of the kit or of an earlier stage): those are checked layer by layer; None: every layer
     fuse: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     note: str = ""
@@ -164,6 +174,28 @@ class CaseSpec(Record):
     # an earlier case of the same function whose input arrays (x, w, b; a net's weights) the child keeps until this
     # case, then frees and puts this case's where they were (labkit.freed): what was kept by their id() answers wrong
     lands_on: int | None = None
+
+
+@dataclasses.dataclass
+class TaskCallSpec(Record):
+    """One call of a task with a check of its own (``labkit.tasks``): ``graph`` calls ``function(variant, wl,
+    lane)()`` on the images ``x``; ``pipeline`` runs ``function(job, raw, classes, chunk, streams)`` on ``images``
+    bytes drawn from ``seed`` (``labkit.whole.run_pipeline``; the grader draws the same bytes for its answers).
+    ``variant`` names given code ("09 tuned_cifar10"); ``net`` the net (shrunk on the simulator)."""
+
+    id: int
+    task: str
+    check: str
+    function: str
+    variant: str
+    net: str
+    weights: dict[str, str]
+    x: str = ""
+    images: int = 0
+    seed: int = 0
+    chunk: int = 0
+    streams: int = 0
+    fresh_call: bool = True  # graph: a new function(variant, wl, lane) before this call (else the last one replayed)
 
 
 @dataclasses.dataclass
@@ -216,6 +248,7 @@ class JobSpec(Record):
     accuracy: list[AccuracySpec] = dataclasses.field(default_factory=list)
     timing: TimingSpec | None = None
     technique: TechniqueSpec | None = None
+    tasks: list[TaskCallSpec] = dataclasses.field(default_factory=list)
     tuning: str = ""  # the tuning choices (results/tuning.json) the grader read: the child reads the same
     own_layers: list[str] = dataclasses.field(default_factory=lambda: ["conv"])  # kinds scanned and traced
     memory_mb: int = 0
@@ -337,6 +370,22 @@ class AccuracyDone(Message):
     pass
 
 
+@_message(Kind.TASK)
+@dataclasses.dataclass
+class TaskResult(Message):
+    """One task call's raw result (the array ``out``: probabilities or classes), or the error it raised."""
+
+    id: int
+    error: str | None = None
+    skipped: bool = False
+
+
+@_message(Kind.TURN)
+@dataclasses.dataclass
+class Turn(Message):
+    what: str = "timing"
+
+
 @_message(Kind.TIMING)
 @dataclasses.dataclass
 class Timing(Message):
@@ -346,6 +395,7 @@ class Timing(Message):
     method: str = ""
     error: str | None = None
     trace: Trace | None = None
+    quiet_s: float = 0.0  # on a GPU, how long the turn waited for work the stopped jobs had queued to drain
 
 
 @_message(Kind.TAMPERED)
@@ -361,6 +411,7 @@ class Tampered(Message):
 class GraderError(Message):
     message: str
     traceback: str = ""
+    resource: bool = False  # the grader's own machinery ran out of a resource (threads): a retry may pass
 
 
 @_message(Kind.DONE)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 CSV_FIELDS = ["student", "stage", "status", "passed", "score", "max_score", "correctness_points", "accuracy_points",
-              "op_time_points", "technique_points", "error", "accuracy", "reference_accuracy", "op_time_s",
+              "op_time_points", "technique_points", "task_points", "error", "accuracy", "reference_accuracy", "op_time_s",
               "reference_op_time_s", "ratio", "message", "notebook", "seed", "seconds"]
 
 
@@ -93,10 +93,14 @@ def gradescope_results(rows: list[dict], meta: dict) -> dict:
         if most.get("technique"):
             parts.append(("technique", r.get("technique_points", 0.0),
                           (r.get("details") or {}).get("technique", "not checked")))
-        for part, score, output in parts:
-            tests.append({"name": f"{stage}: {part}", "score": float(score), "max_score": float(most.get(part.replace(
-                " ", "_"), 0) or 0), "output": output, "visibility": "visible",
-                "status": "passed" if r["status"] == "pass" else "failed"})
+        for name, task in ((r.get("details") or {}).get("tasks") or {}).items():
+            parts.append((f"task {name}", task["points"] if task["passed"] and r.get("task_points") else 0.0,
+                          task["line"], task["points"]))
+        for part, score, output, *top in parts:
+            best = top[0] if top else most.get(part.replace(" ", "_"), 0)
+            tests.append({"name": f"{stage}: {part}", "score": float(score), "max_score": float(best or 0),
+                          "output": output, "visibility": "visible",
+                          "status": "passed" if r["status"] == "pass" else "failed"})
         if isinstance(r.get("op_time_s"), float) and r["status"] == "pass":
             board.append({"name": f"{stage} op time (s)", "value": round(r["op_time_s"], 6), "order": "asc"})
     total = sum(float(r["score"]) for r in rows)
@@ -209,11 +213,30 @@ def summary_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def regrade_command(report: dict, submissions: str, out: str) -> str | None:
+    """The command that grades again only the rows that are the grader's own errors (``grader-error``), into the
+    same report; None when there are none."""
+    import shlex
+
+    bad = [r for r in report["rows"] if r["status"] == "grader-error"]
+    if not bad:
+        return None
+    m = report["meta"]
+    students = ",".join(dict.fromkeys(r["student"] for r in bad))
+    stages = ",".join(sorted({r["stage"] for r in bad}))
+    cmd = ["labkit", "grade", str(submissions), "--students", students, "--stages", stages, "--out", str(out),
+           "--merge", "--seed", str(m["seed"])]
+    sources = (m.get("rubric") or {}).get("sources") or []
+    if len(sources) > 1:
+        cmd += ["--rubric", sources[-1]]
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
 # ------------------------------------------------------------------------------------------- comparing
 
 #: what two runs of the same class with the same seed must agree on (op time is measured again: noise)
-SAME = ("status", "passed", "correctness_points", "accuracy_points", "technique_points", "max_score", "accuracy",
-        "reference_accuracy", "seed")
+SAME = ("status", "passed", "correctness_points", "accuracy_points", "technique_points", "task_points", "max_score",
+        "accuracy", "reference_accuracy", "seed")
 _VERDICT = re.compile(r"^(\[[^\]]*\] [^:]+): (PASS|FAIL)")
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from ..stages import STAGES
+from ..tasks import own_phases
 
 try:
     import tomllib
@@ -32,7 +33,7 @@ SECTIONS = {
 }
 OPTIONAL = {("checks", "batches"), ("checks", "own_layers")}  # absent: labkit.check.BATCHES; ["conv"]
 OWN_LAYERS = ("conv", "fc")  # layer kinds a stage may name as its own work (checks.own_layers)
-STAGE_KEYS = {"variants": list, "timed_variant": str}
+STAGE_KEYS = {"variants": list, "timed_variant": str, "tasks": dict}  # tasks: a task's own points (labkit.tasks)
 NOT_MEASURED = ("exclude", "full", "zero")
 
 
@@ -126,6 +127,17 @@ def _check_values(where: str, label: str, r: dict) -> None:
         raise RubricError(f"{where} ({label}): limits.time_factor must be 0 (the limit as given) or more")
 
 
+def _check_tasks(where: str, number: str, table: dict) -> None:
+    """``[stage."NN".tasks]``: points for the stage's tasks that have checks of their own."""
+    names = [t.name for t in own_phases(number)]
+    for name, points in table.items():
+        if name not in names:
+            raise RubricError(f"{where}: stage.\"{number}\".tasks.{name}: stage {number} has no task {name!r} graded "
+                              f"apart" + (f" (it has {', '.join(names)})" if names else " (it has none)"))
+        if isinstance(points, bool) or not isinstance(points, (int, float)) or points < 0:
+            raise RubricError(f"{where}: stage.\"{number}\".tasks.{name} must be a number of points >= 0")
+
+
 def load_rubric(path: str | Path | None = None) -> Rubric:
     """The shipped rubric, with ``path`` (if given) read on top of it; every key is checked."""
     raw = _read_toml(DEFAULT_RUBRIC)
@@ -156,6 +168,8 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
             elif key in STAGE_KEYS:
                 if not isinstance(value, STAGE_KEYS[key]):
                     raise RubricError(f"{where}: stage.\"{number}\".{key} has the wrong type ({value!r})")
+                if key == "tasks":
+                    _check_tasks(where, number, value)
             else:
                 raise RubricError(f"{where}: unknown key stage.\"{number}\".{key}")
     rubric = Rubric(raw, stages, sources)

@@ -30,7 +30,9 @@ from .plan import References, StagePlan, plan_stage
 from .reports import merge_reports, write_reports
 from .rubric import GradeError, Rubric, load_rubric
 from .sandbox import memory_guard_text
+from .sandbox import linger_long as sandbox_linger
 from .submissions import Submission, find_submissions, select_stages
+from .turns import Turns
 
 
 def simulator_if_no_driver() -> str:
@@ -116,11 +118,12 @@ def parse_gpus(spec: str, available: list[int]) -> list[int]:
 
 
 class GpuSlots:
-    """One worker per GPU: a job takes a free GPU, its child sees only that one (CUDA_VISIBLE_DEVICES), and gives it
-    back when the child has ended."""
+    """Jobs spread over GPUs: a job takes a free slot (``per_gpu`` of them a GPU), its child sees only that GPU
+    (CUDA_VISIBLE_DEVICES), and gives it back when the child has ended. Jobs of one GPU take turns for their timed
+    phases (``labkit.grading.turns``)."""
 
-    def __init__(self, gpus: list[int]):
-        self._free = list(gpus)
+    def __init__(self, gpus: list[int], per_gpu: int = 1):
+        self._free = [g for _ in range(max(1, per_gpu)) for g in gpus]
         self._cond = threading.Condition()
 
     def acquire(self) -> int:
@@ -155,6 +158,8 @@ class Context:
         self._lock = threading.Lock()
         self._locks: dict = {}
         self.limits: dict = {}  # stage -> the students' time limit and the reference job's seconds it came from
+        self.turns = Turns()  # timed phases and reference jobs run while every other job is stopped
+        self.stuck: dict[str, str] = {}  # device -> the job whose processes never went (a kernel that never ended)
 
     def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
         """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
@@ -171,7 +176,8 @@ class Context:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._timings:
-                self._timings[key] = reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox)
+                self._timings[key] = reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox,
+                                                   self.turns)
         ref = self._timings[key]
         limit = plan.time_limit
         if lim["time_factor"] and not ref.error:
@@ -202,12 +208,20 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
         return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
     job = Job(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
     job.env_extra = dict(env_extra or {})
-    job.sandbox = ctx.sandbox
+    job.sandbox, job.turns = ctx.sandbox, ctx.turns
+    if job.device in ctx.stuck:
+        return grader_error_row(ctx, task, f"not graded: {job.device} is still held by the processes of "
+                                           f"{ctx.stuck[job.device]}, which never ended (a GPU kernel that never "
+                                           f"returns): regrade this row on a machine whose GPU is free")
     try:
         job.use_reference(*ctx.reference(plan, env_extra))
         job.run()
         row = job.row()
         row["notebook"] = task["notebook"]
+        if job.outcome.survivors:  # nobody else gets this device while they are there
+            left = sandbox_linger(job.outcome.survivors)
+            if left:
+                ctx.stuck[job.device] = f"{task['student']}'s stage {task['stage']} job (pids {left[:5]})"
     except Exception as exc:  # noqa: BLE001 - the grader's own failure for one job: record it, go on
         row = grader_error_row(ctx, task, f"grader error: {type(exc).__name__}: {exc}",
                                traceback.format_exc(limit=8))
@@ -231,9 +245,10 @@ def make_tasks(subs: list[Submission], stages: list[str], run_seed: int, root: P
 
 def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], dict], gpus: list[int] | None = None,
               on_row: Callable[[dict, dict], None] | None = None) -> list[dict]:
-    """Rows for ``tasks``, ``workers`` at a time (one per GPU with ``gpus``: each task's runner gets
-    ``{"CUDA_VISIBLE_DEVICES": "<gpu>"}``), in the order of the tasks."""
-    slots = GpuSlots(gpus) if gpus else None
+    """Rows for ``tasks``, ``workers`` at a time (spread over ``gpus``, as evenly as they go: each task's runner
+    gets ``{"CUDA_VISIBLE_DEVICES": "<gpu>"}``), in the order of the tasks. A row the grader's own machinery could
+    not finish for want of a resource (threads) is graded again at the end, alone."""
+    slots = GpuSlots(gpus, -(-workers // len(gpus))) if gpus else None
     rows: list = [None] * len(tasks)
 
     def one(i: int) -> None:
@@ -255,6 +270,11 @@ def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], di
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(one, range(len(tasks))))
+    for i, row in enumerate(rows):  # nothing else runs now: what ran out of threads under load may pass alone
+        if row is not None and row.get("details", {}).get("resource_error"):
+            first = row["message"]
+            rows[i] = runner(tasks[i], {"CUDA_VISIBLE_DEVICES": str(gpus[0])} if gpus else {})
+            rows[i]["details"]["retried"] = f"graded again alone at the end of the run; the first try: {first}"
     return rows
 
 
@@ -278,6 +298,13 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     """
     from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
+    if jobs < 1:
+        raise GradeError("--jobs must be at least 1")
+    cores = os.cpu_count() or 1
+    if jobs > cores:
+        raise GradeError(f"--jobs {jobs}: this machine has {cores} processor core{'s' * (cores > 1)}; more jobs than "
+                         f"cores make every job slower and its time limit a matter of load: use --jobs {cores} or "
+                         f"fewer (with --gpus, the jobs are spread over the GPUs)")
     simulator_if_no_driver()
     dinfo = device.info()
     gpu, simulated = dinfo.kind == "gpu", dinfo.simulated
@@ -300,8 +327,6 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                              + (f" (there are {len(names)}: {', '.join(sorted(names)[:8])}"
                                 f"{', ...' if len(names) > 8 else ''})" if names else ""))
         subs = [s for s in subs if s.student in students]
-    if jobs < 1:
-        raise GradeError("--jobs must be at least 1")
     if cluster and gpus:
         raise GradeError("--gpus and --cluster do not go together: a cluster's workers each have their own GPU")
     gpu_list = parse_gpus(gpus, available_gpus()) if gpus else None
@@ -340,9 +365,10 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         rows, where = run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
                                      lambda task, why: grader_error_row(ctx, task, why))
     else:
-        workers = len(gpu_list) if gpu_list else jobs
+        workers = max(jobs, len(gpu_list)) if gpu_list else jobs
         rows = run_local(tasks, workers, lambda task, env: grade_task(ctx, task, env), gpu_list, on_row)
-        where = (f"this machine, one job per GPU ({', '.join(map(str, gpu_list))})" if gpu_list
+        where = (f"this machine, {workers} job{'s' * (workers > 1)} at a time over GPU "
+                 f"{', '.join(map(str, gpu_list))}" if gpu_list
                  else f"this machine, {jobs} job{'s' * (jobs > 1)} at a time")
     bar.close()
     meta = {
@@ -368,6 +394,9 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         "accuracy": {n: ("scored" if p.accuracy_scored else "not scored (no labelled images)")
                      for n, p in plans.items()},
         "single_submission": single,
+        "turns": {**ctx.turns.summary(), "rule": "each timed phase ran while every other job was stopped, and "
+                  "each reference job alone; time stopped or waiting never counted against a job's limit"},
+        "jobs": {"requested": jobs, "cores": os.cpu_count() or 1},
     }
     report = {"meta": meta, "rows": rows}
     out = Path(out)

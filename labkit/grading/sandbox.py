@@ -199,17 +199,45 @@ class ChildExit:
     protocol_error: str | None = None
     returncode: int | None = None
     stderr_tail: str = ""
+    survivors: list = dataclasses.field(default_factory=list)  # pids still there LINGER_S after the job was ended
+
+
+#: how long a job's processes may take to go after they were killed, before the row says so: a process inside a GPU
+#: kernel that never returns (a deadlock at a barrier) ends only once the driver has torn its context down
+LINGER_S = 120.0
 
 
 OnFrame = Callable[[protocol.Kind, dict, bytes, Callable[[protocol.Answer], None]], bool]
 
 
+def _linger(pids: list[int], seconds: float) -> list[int]:
+    """Wait up to ``seconds`` for processes that were killed to go; those still there."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def linger_long(pids: list[int]) -> list[int]:
+    """After a job's row: wait longer for processes that would not go (``STUCK_S``); those still there, whose
+    device the run then gives no other job."""
+    return _linger(pids, STUCK_S)
+
+
+#: how much longer a device waits for a stuck job's processes before the run gives that device no more jobs
+STUCK_S = 480.0
+
+
 def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: int, rss_guard: bool,
-              on_frame: OnFrame, sandbox: isolation.Isolation | None = None) -> ChildExit:
+              on_frame: OnFrame, sandbox: isolation.Isolation | None = None, running=None, turns=None) -> ChildExit:
     """Start the worker in ``folder/work`` inside ``sandbox`` (None: the best this machine has, refused where there
     is none) with ``job`` on its stdin, hand every frame to ``on_frame`` (which returns True once the results are
     complete, or wrong enough to stop reading), and end it: at the limit, above the memory, when it exits, or once
-    ``on_frame`` says so. It returns only once every process of the job is gone."""
+    ``on_frame`` says so. ``running`` (a ``turns.Running``) and ``turns``: the child is registered with the run's
+    turns (stopped while another job times), and the time it spends stopped or waiting for a turn moves its deadline.
+    It returns once every process of the job is gone, or ``LINGER_S`` after they were killed (``survivors``)."""
     sandbox = sandbox if sandbox is not None else isolation.choose()
     result = ChildExit()
     rfd, wfd = os.pipe()
@@ -232,6 +260,10 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
         out.close()
         err.close()
     proc = child.proc
+    if running is not None:
+        running.child = child
+        if turns is not None:
+            turns.started(running)
 
     def send(line: str) -> None:
         try:
@@ -241,13 +273,14 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
             pass
 
     send(json.dumps(job))
-    deadline = time.monotonic() + time_limit
+    started = time.monotonic()
     buf = bytearray()
     reading, complete = True, False
     next_rss = 0.0
     try:
         while True:
             now = time.monotonic()
+            deadline = started + time_limit + (running.paused_s() if running is not None else 0.0)
             if now >= deadline:
                 result.timed_out = True
                 break
@@ -280,7 +313,13 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
                     break
     finally:
         os.close(rfd)
+        if running is not None and running.frozen:
+            running.thaw()  # a stopped process takes no SIGKILL until it runs again
         survivors = sandbox.stop(child)
+        if survivors:  # a process inside a GPU kernel that never returns goes only once the driver lets it
+            survivors = _linger(survivors, LINGER_S)
+        if turns is not None and running is not None:
+            turns.ended(running)
         try:
             proc.stdin.close()
         except OSError:
@@ -290,7 +329,5 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
             result.stderr_tail = (folder / "stderr.txt").read_text(errors="replace")[-4000:]
         except OSError:
             pass
-    if survivors:
-        raise RuntimeError(f"{len(survivors)} processes of the job were still running {isolation.WAIT_GONE_S:g} s "
-                           f"after it was ended (pids {survivors[:5]})")
+    result.survivors = survivors
     return result

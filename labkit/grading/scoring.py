@@ -19,6 +19,7 @@ import numpy as np
 from ..stages import Stage, label
 from .plan import StagePlan
 from .rubric import op_time_fraction
+from .sandbox import LINGER_S
 
 
 @dataclasses.dataclass
@@ -57,6 +58,14 @@ class JobOutcome:
     timing_mismatches: list | None = None  # ... of the student's timed passes
     timed_images: int = 0  # images of each timed pass
     technique: dict | None = None  # {passed, line}: the stage's memory technique, as check_technique saw it
+    task_calls: dict = dataclasses.field(default_factory=dict)  # task -> calls sent (its own check, labkit.tasks)
+    tasks: dict = dataclasses.field(default_factory=dict)  # task -> {passed, line, calls}: the calls judged
+    resource_error: bool = False  # the grader's machinery ran out of a resource (a retry may pass)
+    survivors: list = dataclasses.field(default_factory=list)  # pids still there long after the job was ended
+    paused_s: float = 0.0  # stopped while other jobs timed, or waiting for its own turn: not in its limit
+    quiet_s: float = 0.0  # on a GPU, how long its timing waited for the stopped jobs' queued work to drain
+    last_kernel: str = ""  # on a GPU, the kernel the child launched last (a hung job's row names it)
+    finished: set = dataclasses.field(default_factory=set)  # the phases the child finished (PHASES)
     notes: list = dataclasses.field(default_factory=list)
 
 
@@ -93,7 +102,7 @@ def accuracy_passed(o: JobOutcome) -> bool:
 def empty_row(student: str, stage: Stage, plan: StagePlan) -> dict:
     return {"student": student, "stage": stage.number, "status": "", "passed": False, "score": 0.0,
             "max_score": plan.max_score(), "correctness_points": 0.0, "accuracy_points": 0.0,
-            "op_time_points": 0.0, "technique_points": 0.0, "error": None, "accuracy": None,
+            "op_time_points": 0.0, "technique_points": 0.0, "task_points": 0.0, "error": None, "accuracy": None,
             "reference_accuracy": None, "op_time_s": None,
             "reference_op_time_s": None, "ratio": None, "message": "", "notebook": "", "seed": None,
             "seconds": 0.0, "device": "", "details": {}, "max_points": plan.max_points()}
@@ -136,13 +145,32 @@ def _check_messages(o: JobOutcome, plan: StagePlan) -> list[str]:
     return msg
 
 
+#: a job's phases in the order its child runs them; all but the technique settle the status (what the code computes
+#: and with what: a later phase can still find a library call or a patch), the technique only adds its points
+PHASES = ("load", "checks", "tasks", "accuracy", "timing", "technique")
+
+
+def not_run(o: JobOutcome) -> list[str]:
+    """The phases a child that ended early never finished."""
+    return [p for p in PHASES if p not in o.finished]
+
+
+def _stuck(o: JobOutcome) -> str:
+    if not o.survivors:
+        return ""
+    return (f"; its processes were still running {LINGER_S:.0f} s after they were ended: a GPU kernel that never "
+            f"returns (a barrier not every thread of the block reaches, cuda.syncthreads() inside an if?)")
+
+
 def _ended_early(o: JobOutcome, plan: StagePlan) -> tuple[str, str] | None:
     """(status, why) when the child did not finish its work normally."""
     if not (o.timed_out or o.memory_exceeded or o.protocol_error or (not o.done and not o.grader_error)):
         return None
     if o.timed_out:
-        return "timeout", (f"time limit ({o.time_limit or plan.time_limit:.0f} s) reached while {_gerund(o.phase)}: "
-                           f"an infinite loop, or too slow for the limit")
+        kernel = f" (the last kernel it launched: {o.last_kernel})" if o.last_kernel else ""
+        return "timeout", (f"time limit ({o.time_limit or plan.time_limit:.0f} s) reached while {_gerund(o.phase)}"
+                           f"{kernel}: an infinite loop, a kernel that never ends, or too slow for the limit"
+                           f"{_stuck(o)}")
     if o.memory_exceeded:
         return "error", (f"memory limit ({plan.rubric['limits']['memory_mb']} MB resident) exceeded while "
                          f"{_gerund(o.phase)}")
@@ -197,6 +225,7 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
         details["op_time_runs"] = {"run": label(plan.stage.number, plan.timed), "student": o.timing_runs,
                                    "reference": o.reference_runs}
         details["op_time_spread"] = {"student": spread(student), "reference": spread(ref)}
+        details["turn"] = {"paused_s": round(o.paused_s, 2), "quiet_wait_s": round(o.quiet_s, 3)}
         details["timed_predictions"] = {"student_mismatches": o.timing_mismatches,
                                         "reference_mismatches": o.reference_mismatches,
                                         "allowed": timing_allowance(o, images), "images": images}
@@ -232,11 +261,20 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
                f"probabilities) on {m} of "
                f"{images} images (at most {timing_allowance(o, images)} allowed): a result kept from an earlier "
                f"pass, or a race? op time not scored"]
+    task_points, task_failures = _tasks(o, plan, details)
+    if task_failures and not out["status"]:
+        out["status"], msg = "fail", task_failures
     early = _ended_early(o, plan)
     if early:
-        if out["status"] in ("", "pass"):
+        if out["status"] in ("", "pass", "fail") and not o.grader_error:
             out["status"] = early[0]
-        msg.append(early[1])
+        missing = not_run(o)
+        msg.append(early[1] + (f"; not run: {', '.join(missing)} (nothing that depends on them is scored)"
+                               if missing else ""))
+    elif o.survivors:
+        msg.append(_stuck(o).lstrip("; "))
+    if o.resource_error:
+        details["resource_error"] = True
     if o.tampered_code or o.tampered:
         what = []
         if o.tampered_code:
@@ -267,16 +305,24 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
             t_points = float(pts["technique"])
         elif correct:
             o.notes.append(f"no technique points: {t.get('line') or 'the technique was not checked'}")
+    task_points = task_points if correct else 0.0
     cheated = bool(o.tampered or o.tampered_code or forbidden)
-    if cheated:
-        c_points = a_points = op_points = t_points = 0.0
+    unsettled = early is not None and any(p != "technique" for p in not_run(o))
+    if cheated or unsettled:  # a phase that did not run could still have found a library call or a patch
+        c_points = a_points = op_points = t_points = task_points = 0.0
+    elif early is not None:
+        t_points = 0.0
     out.update(correctness_points=c_points, accuracy_points=a_points, op_time_points=round(op_points, 2),
-               technique_points=t_points, score=round(c_points + a_points + op_points + t_points, 2))
-    out["passed"] = bool(correct and acc_ok and not cheated and bad_pass is None)
+               technique_points=t_points, task_points=task_points,
+               score=round(c_points + a_points + op_points + t_points + task_points, 2))
+    out["passed"] = bool(correct and acc_ok and not cheated and bad_pass is None and not task_failures
+                         and early is None)
     if not out["status"]:
         out["status"] = "pass" if out["passed"] else "fail"
     if out["status"] == "pass":
         msg = ["all checks pass", _accuracy_words(main, scored)]
+        if details.get("tasks"):
+            msg.append(f"task{'s' * (len(details['tasks']) > 1)} {', '.join(details['tasks'])} pass")
         if ratio is not None:
             msg.append(f"op time {ratio:.2f}x the reference's")
         elif o.timing_error:
@@ -288,6 +334,25 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
         msg.append(f"op time: {o.timing_error}")
     out["message"] = "; ".join(m for m in [*msg, *o.notes] if m)
     return out
+
+
+def _tasks(o: JobOutcome, plan: StagePlan, details: dict) -> tuple[float, list[str]]:
+    """The stage's tasks with checks of their own (``labkit.tasks``): the points they earned (before correctness
+    gates them) and the FAIL line of each that failed. A task passes when every call it was sent came back right."""
+    earned, failures = 0.0, []
+    for name, pts in plan.graded_tasks().items():
+        rec, sent = o.tasks.get(name), o.task_calls.get(name, 0)
+        if rec is None and not o.checks_done:
+            continue  # never reached: the checks' message says why
+        passed = rec is not None and rec["passed"] and rec["calls"] == sent > 0
+        line = (rec or {}).get("line") or (f"{name}: PASS (every call right)" if passed
+                                           else f"{name}: not checked (the job ended first)")
+        details.setdefault("tasks", {})[name] = {"passed": passed, "line": line, "points": pts}
+        if passed:
+            earned += pts
+        elif rec is not None and not rec["passed"]:
+            failures.append(f"task {name!r}: {line}")
+    return earned, failures
 
 
 def _accuracy_words(main: dict | None, scored: bool) -> str:

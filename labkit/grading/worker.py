@@ -58,13 +58,28 @@ from numba import cuda as _cuda  # noqa: E402
 _cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
 _cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
 
-from ..check import check_technique, weighted  # noqa: E402
+from ..check import check_technique, origin, weighted  # noqa: E402
 from ..layers import impl_for, kernel_layers  # noqa: E402
 from ..nets import Layer, Net, get_net  # noqa: E402
 from ..stages import STAGES, Variant  # noqa: E402
+
+STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
 from . import ownership  # noqa: E402
 from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
+
+
+def _probe_kernel():
+    """One thread sleeping ``us`` microseconds: on a device another context keeps busy it takes longer (the device
+    time-slices between contexts), so it tells when the device runs nothing but this child's work."""
+    from numba import uint32
+
+    @_cuda.jit
+    def probe(us):
+        for _ in range(us):
+            _cuda.nanosleep(uint32(1000))
+
+    return probe
 
 
 class _Channel:
@@ -180,8 +195,28 @@ def net_from_dict(d: dict) -> Net:
                d["report"], tuple(d.get("workloads", ())), tuple(d.get("classes", ())), d.get("default_images", 0))
 
 
+class _OutOfResources(Exception):
+    """The simulator's own machinery could not start a thread: the grader's resource ran out, not the student's
+    code; the parent retries the job, and says it was the grader's if that fails too."""
+
+
+#: where the simulator starts its threads (a block's threads are started there, not by the student's code)
+_MACHINERY = ("numba/cuda/simulator/", "labkit/simulator.py")
+
+
+def _machinery_ran_out(exc: BaseException) -> bool:
+    if not (isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)):
+        return False
+    callers = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.endswith("threading.py")]
+    return bool(callers) and any(m in callers[-1].filename.replace("\\", "/") for m in _MACHINERY)
+
+
 def describe_exception(exc: BaseException, what: str) -> str:
-    """One line: what raised, the exception, and the line of the student's cell it came from."""
+    """One line: what raised, the exception, and the line of the student's cell it came from. A thread the
+    simulator could not start is not the student's: ``_OutOfResources`` instead."""
+    if _machinery_ran_out(exc):
+        raise _OutOfResources(f"the CUDA simulator could not start a thread while running {what} ({exc}): the "
+                              f"grading machine ran out of threads or address space") from exc
     if isinstance(exc, SyntaxError) and exc.filename and " cell " in str(exc.filename):
         text = (exc.text or "").strip()
         return (f"SyntaxError in {exc.filename.strip('<>')}, line {exc.lineno}: {exc.msg}"
@@ -313,6 +348,37 @@ def _summary(records: list[dict]) -> P.Trace | None:
                    given_only=list(dict.fromkeys(given)))
 
 
+def _given(name: str) -> Variant:
+    """A given variant by its label, "09 tuned_cifar10": the kit's solution of an earlier stage."""
+    stage, variant = name.split()
+    return stages.from_stage(stage).VARIANTS[variant]
+
+
+def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
+    """One call of a task with a check of its own; its raw result for the grader to compare (``labkit.tasks``).
+    graph: ``fn(variant, wl, lane)`` makes a call (a fresh one, or the task's last one replayed again), whose
+    probabilities on the host come back; pipeline: ``fn`` classifies the bytes over lanes (``labkit.whole``), and
+    the classes come back as it left them when it returned."""
+    from .. import streams, whole
+    from ..workloads import Workload
+
+    net, w, variant = ctx.nets[spec.net], ctx.weights(spec.weights), _given(spec.variant)
+    if spec.check == "graph":
+        if spec.fresh_call or spec.task not in made:
+            x = ctx.arrays[spec.x]
+            wl = Workload(net, w, x, None, simulator.active(), True, f"the grader's {len(x)} images")
+            made[spec.task] = fn(variant, wl, streams.lanes(1)[0])
+        return np.array(made[spec.task](), copy=True)  # the replay refills the same host array
+    if spec.check == "pipeline":
+        case, rng = (spec.images, spec.chunk, spec.streams), np.random.default_rng(spec.seed)
+        return np.array(whole.run_pipeline(fn, whole.Job(net, variant, w), case, rng)[1], copy=True)
+    raise ValueError(f"no such task check: {spec.check!r}")
+
+
+#: the quiet device's probe (``Job.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
+QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.05, 10.0
+
+
 # ------------------------------------------------------------------------------------------------- the job
 
 
@@ -372,6 +438,27 @@ class Job:
 
         return make_clock, "cuda-events" if events else "perf_counter"
 
+    def wait_quiet(self, limit_s: float = QUIET_LIMIT_S) -> float:
+        """On a GPU, once the turn is held: wait until the device runs nothing else. The other jobs are stopped,
+        but the work they had queued still runs to its end, the device time-slicing between contexts (on an H100
+        that stretched the timed passes up to 3x, for about a tenth of a second). A probe that sleeps a fixed time
+        is timed until the last ``QUIET_RUNS`` take within ``QUIET_SPREAD`` of the shortest seen; at most
+        ``limit_s``. The seconds waited (the row keeps them)."""
+        if self.info.kind != "gpu":
+            return 0.0
+        probe, t0, seen = _probe_kernel(), _perf_counter(), []
+        while _perf_counter() - t0 < limit_s:
+            start, end = _cuda_event(timing=True), _cuda_event(timing=True)
+            start.record()
+            probe[1, 1](QUIET_PROBE_US)
+            end.record()
+            end.synchronize()
+            seen.append(_cuda_elapsed(start, end))
+            last = seen[-QUIET_RUNS:]
+            if len(seen) > QUIET_RUNS and max(last) <= (1 + QUIET_SPREAD) * min(seen):
+                break
+        return _perf_counter() - t0
+
     def timed_passes(self, variant: Variant, tracer: ownership.Tracer | None) -> tuple[list, list]:
         """``warmup`` untimed passes on one image, then one timed pass on each of the job's pass inputs (fresh
         images each: no memo of an earlier pass, or of the accuracy run, can anticipate them), under the same
@@ -418,13 +505,19 @@ class Job:
                           pid=os.getpid(), labkit=os.path.dirname(os.path.abspath(engine.__file__))))
         self.student_code = True
         student = StudentPhases(self)
+        # the phases that settle the status (what the code computes, with what, and whether it patches the grader)
+        # first; the technique's count, which only adds its points, last
         try:
-            for phase in (student.load, student.checks, student.technique, student.accuracy, student.timing):
+            for phase in (student.load, student.checks, student.tasks, student.accuracy, student.timing,
+                          student.technique):
                 if not phase():
                     break
         except _Tampered as t:
             self.restore()
             self.send(P.Tampered(what=t.changes[:20], count=len(t.changes), when=t.when))
+        except _OutOfResources as exc:
+            self.restore()
+            self.send(P.GraderError(str(exc), traceback.format_exc(limit=6), resource=True))
 
 
 class StudentPhases:
@@ -436,6 +529,7 @@ class StudentPhases:
         self.student: dict[str, Variant] = {}  # graded variant -> the student's functions, as the stage declares
         self.checked: dict[str, Variant] = {}  # ... with the timed variant's conv functions traced
         self.tracer: ownership.Tracer | None = None
+        self.timing_allowed = False  # the parent's answer after the accuracy runs
         self.held: dict = {}  # (variant, net, what) -> the arrays of a case that a later one lands on (labkit.freed)
 
     # --- the student's kernel cells, and nothing else of the notebook
@@ -444,7 +538,8 @@ class StudentPhases:
         ctx.restore()
         ctx.send(P.Phase("loading the notebook's kernel cells"))
         try:
-            self.ns = ownership.load_cells(job.notebook, ctx.code.own, ctx.code.trees)
+            self.ns = ownership.load_cells(job.notebook, ctx.code.own, ctx.code.trees,
+                                           define=tuple(dict.fromkeys(t.function for t in job.tasks)))
             found = _variants_of(self.ns, "your notebook")
         except BaseException as exc:  # noqa: BLE001 - every way a notebook can fail to load becomes one message
             ctx.compare("while loading the kernel cells")
@@ -612,14 +707,22 @@ class StudentPhases:
             result.trace = _summary(ctx.records)
             ctx.send(result, {"probs": np.ascontiguousarray(probs)} if probs is not None else None)
         ctx.send(P.AccuracyDone())
-        return bool(ctx.job.timing) and ctx.answer() is P.Answer.CONTINUE
+        answer = ctx.answer()  # continue: time it; skip: no timing, the technique still; stop: nothing more
+        self.timing_allowed = answer is P.Answer.CONTINUE and ctx.job.timing is not None
+        return answer is not P.Answer.STOP
 
     # --- op time: the student's timed variant, the same way as the reference's, traced as in the checks
     def timing(self) -> bool:
         ctx, t = self.ctx, self.ctx.job.timing
+        if not self.timing_allowed:
+            return True
         ctx.restore()
         net, x, _ = ctx.workloads[t.workload]
         when = f"timing variant {t.variant!r} on {x.shape[0]} images"
+        ctx.send(P.Turn(when))  # wait until every other job is stopped (labkit.grading.turns)
+        if ctx.answer() is not P.Answer.CONTINUE:
+            return False
+        quiet = ctx.wait_quiet()
         ctx.send(P.Start(when))
         ctx.records.clear()
         try:
@@ -629,10 +732,40 @@ class StudentPhases:
         except BaseException as exc:  # noqa: BLE001
             ctx.compare(f"during {when}")
             ctx.send(P.Timing(error=describe_exception(exc, "the timed run")))
-            return False
+            return True
         ctx.compare(f"during {when}")
-        ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1], trace=_summary(ctx.records)),
-                 _pass_arrays(preds))
+        ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1], trace=_summary(ctx.records),
+                          quiet_s=quiet), _pass_arrays(preds))
+        return True
+
+    # --- the stage's tasks with checks of their own (labkit.tasks: stage 10's graph replay and pipeline)
+    def tasks(self) -> bool:
+        ctx = self.ctx
+        made: dict = {}  # task -> the call its function last made (a graph's replay)
+        failed: set = set()
+        for spec in ctx.job.tasks:
+            ctx.restore()
+            fn = self.ns.get(spec.function)
+            if spec.task in failed:
+                ctx.send(P.TaskResult(spec.id, skipped=True))
+                continue
+            result, out = P.TaskResult(spec.id), None
+            if not callable(fn):
+                result.error = (f"your notebook defines no {spec.function}(): the task's function keeps its name "
+                                f"(the cell that defines it, in the notebook you hand in)")
+            else:
+                when = f"{spec.function} (task {spec.task!r}, call {spec.id})"
+                ctx.send(P.Start(when))
+                try:
+                    out = task_call(spec, fn, ctx, made)
+                except _Tampered:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - the student's raise is the task's FAIL line
+                    result.error = describe_exception(exc, spec.function)
+                ctx.compare(f"during {when}")
+            ctx.send(result, {"out": out} if out is not None and result.error is None else None)
+            if ctx.answer() is not P.Answer.CONTINUE:
+                failed.add(spec.task)
         return True
 
 
@@ -644,12 +777,29 @@ def describe(notebook: str, out: str) -> None:
         f = _variant_fields(v)
         nets = tuple(getattr(v, "nets", ("cifar10",)))
         layers = {n: [ly.name for ly in kernel_layers(get_net(n)) if impl_for(f["impls"], ly)] for n in nets}
+        stage = STAGES_BY_NOTEBOOK.get(os.path.basename(notebook))
+        own = {n: [ly for ly in names if origin(impl_for(f["impls"], get_net(n).layer(ly)), stage) is None]
+               for n, names in layers.items()}
         desc[name] = P.VariantSpec(name=name, target=f["target"], arrays=f["arrays"], per_image=bool(f["per_image"]),
-                                   nets=nets, layers=layers, note=getattr(v, "note", ""),
+                                   nets=nets, layers=layers, own=own, note=getattr(v, "note", ""),
                                    fuse=tuple(getattr(v, "fuse", ())), requires=tuple(getattr(v, "requires", ())),
                                    unavailable=v.unavailable() if hasattr(v, "unavailable") else "").to_json()
     with open(out, "w") as fh:
         json.dump({"variants": desc, "order": list(variants)}, fh)
+
+
+def _last_launch_note():
+    """A function that writes a launched kernel's name over the last (one system call a launch, on a GPU only)."""
+    try:
+        fd = os.open(P.LAST_LAUNCH, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        return None
+    pwrite = os.pwrite
+
+    def note(name: str) -> None:
+        pwrite(fd, (str(name)[:120] + "\n").ljust(128).encode(), 0)
+
+    return note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -671,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         _use_tuning(job)
         info = device.info()  # detected once, before the snapshot, so putting labkit back keeps it
         tracer_ref: list = [None]
-        hooked = [cls for cls, _, _ in ownership.install_launch_hook(tracer_ref)]
+        hooked = [cls for cls, _, _ in ownership.install_launch_hook(tracer_ref, _last_launch_note())]
         given_log: list[str] = []
         _guard_from_stage(job.stage, given_log)
         Job(job, chan, answers, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log).run()
