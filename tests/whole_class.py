@@ -105,9 +105,9 @@ def write_class(root: Path, students: int, upto: int = 4) -> list[str]:
         cells[t01.VARIANTS_CELL].source += SLOW_CONV
 
     def no_technique(cells):
-        import test_grade_stages
+        import stage_class
 
-        cells[-1].source += test_grade_stages.PLAIN_CONV
+        cells[-1].source += stage_class.PLAIN_CONV
 
     later = {n: REPO / "solutions" / nb for n, nb in (("05", "05_shared_memory.ipynb"), ("06", "06_constant_memory.ipynb"),
                                                       ("07", "07_unroll_matmul.ipynb"), ("08", "08_fusion.ipynb"))}
