@@ -37,18 +37,28 @@ def test_environment() -> dict[str, str]:
     return {"NUMBA_ENABLE_CUDASIM": "1", "LABKIT_QUICK": "1", "LABKIT_RESULTS": str(Path(results) / "ledger.jsonl")}
 
 
-def execute(path: Path, timeout: int = 900, out: Path | None = None, allow_errors: bool = False) -> float:
+def execute(path: Path, timeout: int = 900, out: Path | None = None, allow_errors: bool = False,
+            name: str | None = None) -> float:
+    """Execute one notebook; a cell's error is printed with its whole traceback (a flaky failure is kept)."""
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
-    for e in errors:
-        print(f"{path.name}: a cell raised {e.ename}: {e.evalue}", flush=True)
+    for i, cell in enumerate(nb.cells):
+        for e in (o for o in cell.get("outputs", []) if o.output_type == "error"):
+            print(f"{path.name}: cell {i} raised {e.ename}: {e.evalue}", flush=True)
+            print(_plain("\n".join(e.traceback)), flush=True)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-    nbformat.write(nb, (out / path.name) if out else path)
+    nbformat.write(nb, (out / (name or path.name)) if out else path)
     return time.perf_counter() - start
+
+
+def _plain(text: str) -> str:
+    """A traceback without its terminal colours."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def main(argv=None) -> int:
@@ -57,6 +67,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu", action="store_true", help="run on the real GPU at full size (not the simulator)")
     parser.add_argument("--out", type=Path, help="write executed copies here instead of in place")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    parser.add_argument("--runs", type=int, default=1, help="execute each notebook this many times (with --out: "
+                                                             "NAME.runK.ipynb each, every error's traceback printed)")
     args = parser.parse_args(argv)
     if args.gpu:
         for name in ("NUMBA_ENABLE_CUDASIM", "LABKIT_QUICK"):
@@ -68,9 +80,11 @@ def main(argv=None) -> int:
     for path in sorted((REPO / "solutions").glob("*.ipynb")):
         if args.prefixes and not path.name.startswith(tuple(args.prefixes)):
             continue
-        print(f"{path.name}: executing ...", flush=True)
-        seconds = execute(path, args.timeout, args.out, allow_errors=args.gpu)
-        print(f"{path.name}: done in {seconds:.1f} s", flush=True)
+        for k in range(args.runs):
+            name = f"{path.stem}.run{k + 1}.ipynb" if args.runs > 1 else None
+            print(f"{name or path.name}: executing ...", flush=True)
+            seconds = execute(path, args.timeout, args.out, allow_errors=args.gpu, name=name)
+            print(f"{name or path.name}: done in {seconds:.1f} s", flush=True)
     return 0
 
 

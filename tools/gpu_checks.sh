@@ -16,7 +16,7 @@ step() {
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
 }
 want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
-WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tctests tc tcexplore nb10 bench
+WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tctests tc tcexplore nb10 bench nbruns load gradetests
 want sandbox && step sandbox "$PY" tools/sandbox_gpu_check.py --out "$OUT/files/sandbox"
 want cudac && [ -f tools/cuda_c_wrong_kernels.py ] && step cudac "$PY" tools/cuda_c_wrong_kernels.py --out "$OUT/files/cudac"
 want tests && step tests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rs \
@@ -42,4 +42,12 @@ want nb10 && step nb10 "$PY" tools/execute_solutions.py --gpu --out "$OUT/files/
 want bench && step bench labkit bench ${BENCH_STAGES:+--stages $BENCH_STAGES} --nets ${BENCH_NETS:-cifar10,fashion,ece408} --repeat ${BENCH_REPEAT:-5} --budget ${BENCH_BUDGET:-2} \
   --per-image-max ${BENCH_PER_IMAGE_MAX:-1200} --skip '02 cpu_prange_reduction' --random-weights --out "$OUT/files/bench"
 want memcheck && step memcheck "$PY" tools/memcheck.py --out "$OUT/files/memcheck" --stages 05 09
+# issue 32: the notebooks whose run failed once, several times, every traceback kept; the same class graded at
+# --jobs 1 and --jobs N (LOAD_ONLY=jobs1|loaded to split the runs over calls); the GPU tests of the turns and streams
+want nbruns && step nbruns "$PY" tools/execute_solutions.py --gpu --runs ${NB_RUNS:-2} --out "$OUT/files/notebooks" ${NB_PREFIXES:-09 10}
+want load && step load "$PY" tools/load_grading.py "${LOAD_DIR:-$OUT/files/load}" --jobs ${LOAD_JOBS:-14} \
+  --runs ${LOAD_RUNS:-3} --stages ${LOAD_STAGES:-05,10} --load ${LOAD_COPIES:-0} ${LOAD_STUDENTS:+--students $LOAD_STUDENTS} \
+  ${LOAD_ONLY:+--only $LOAD_ONLY}
+want gradetests && step gradetests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs \
+  tests/test_grade_load.py tests/test_stream_order.py tests/test_streams.py tests/test_tasks.py
 tar czf "$OUT/all.tgz" -C "$OUT" files
