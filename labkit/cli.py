@@ -361,7 +361,8 @@ def bench_doc(folders, doc, img_dir):
               help="Only search OUT (a built release) for solution text of its milestone and later stages.")
 @click.option("--git", "commit", is_flag=True,
               help="Commit the release in OUT (git init when it is new; the next commit of an earlier release).")
-def release(out, upto, verify_only, commit):
+@click.option("--force", is_flag=True, help="Replace a release of a later milestone in OUT (its later stages go).")
+def release(out, upto, verify_only, commit, force):
     """Build the student repository of a milestone in OUT: no solution of that stage or later, anywhere.
 
     Run it in the instructor's repository (the one holding solutions/); docs/releases.md says how to publish it.
@@ -375,7 +376,7 @@ def release(out, upto, verify_only, commit):
         if verify_only:
             result = release_mod.verify(out, upto)
         else:
-            result = release_mod.build(upto, out, git=commit)
+            result = release_mod.build(upto, out, git=commit, force=force)
             click.echo(f"wrote the release of milestone {upto} to {out}: "
                        f"{len(release_mod.file_list(out))} files{' (committed)' if commit else ''}")
     except release_mod.ReleaseError as exc:

@@ -26,20 +26,41 @@ def _nearest_existing(path: Path) -> Path:
     return p
 
 
+def _cannot_write(folder: Path) -> str:
+    """Why no file can be made in ``folder`` now ("" when one can): tried, by making one and removing it at once,
+    because ``os.access`` says yes to root where nothing can be written (``/proc``, a read-only file system)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".labkit-probe-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(name)
+    return ""
+
+
+def _refusal(what: str, path: Path, base: Path, kind: str) -> str | None:
+    """The one line refusing ``path`` when nothing can be written in ``base`` (its nearest existing folder)."""
+    why = _cannot_write(base)
+    if not why:
+        return None
+    verb = "written" if base == path.absolute() else "created"
+    reason = f"no permission to write in {base}" if "ermission" in why else f"no file can be made in {base} ({why})"
+    return f"{what} {path} cannot be {verb}: {reason}; name a {kind} you can write to"
+
+
 def writable_folder(path: str | Path, what: str) -> Path:
     """``path`` if it is a folder that can be written, or one that can be created; else ``OutputError``. Nothing
-    is created here, so a command refused later for another reason leaves no trace. ``what`` names the location in
-    the message (``"--out"``, ``"the download folder"``)."""
+    is left behind here (a file is made and removed at once, to know), so a command refused later for another reason
+    leaves no trace. ``what`` names the location in the message (``"--out"``, ``"the download folder"``)."""
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise OutputError(f"{what} {path} is a file, not a folder: name a folder (a new one is created)")
     base = _nearest_existing(path)
     if not base.is_dir():
         raise OutputError(f"{what} {path} cannot be created: {base} is a file, not a folder; name another folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        verb = "written" if base == path.absolute() else "created"
-        raise OutputError(f"{what} {path} cannot be {verb}: no permission to write in {base}; name a folder you "
-                          f"can write to")
+    refused = _refusal(what, path, base, "folder")
+    if refused:
+        raise OutputError(refused)
     return path
 
 
@@ -49,15 +70,19 @@ def writable_file(path: str | Path, what: str) -> Path:
     if path.is_dir():
         raise OutputError(f"{what} {path} is a folder: name a file in it, e.g. {path / 'ledger.jsonl'}")
     if path.exists():
-        if not os.access(path, os.W_OK):
-            raise OutputError(f"{what} {path} cannot be written: no permission; name a file you can write")
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as exc:
+            raise OutputError(f"{what} {path} cannot be written ({exc.strerror or exc}); name a file you can "
+                              f"write") from None
         return path
     base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise OutputError(f"{what} {path} cannot be created: {base} is a file, not a folder; name another file")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise OutputError(f"{what} {path} cannot be created: no permission to write in {base}; name a file you "
-                          f"can write")
+    refused = _refusal(what, path, base, "file")
+    if refused:
+        raise OutputError(refused)
     return path
 
 

@@ -205,11 +205,12 @@ def verify(folder: Path, milestone: str | None = None, repo: Path = REPO, found:
     folder = Path(folder)
     if not folder.is_dir():
         raise ReleaseError(f"no folder {folder} to search")
-    if milestone is None:
-        info = given.manifest(folder / "labkit" / "given")
-        if info is None:
-            raise ReleaseError(f"{folder} is not a labkit release (no labkit/given/{given.MANIFEST}): give --upto NN")
-        milestone = info["milestone"]
+    info = given.manifest(folder / "labkit" / "given")
+    if info is None:  # a search of a folder holding no release finds nothing, and "found: nothing" would mislead
+        held = "it is empty" if not any(folder.iterdir()) else f"no labkit/given/{given.MANIFEST}"
+        raise ReleaseError(f"{folder} is not a labkit release ({held}): name the folder `labkit release` wrote, or "
+                           f"a clone or unzipped copy of it")
+    milestone = milestone or info["milestone"]
     found = found or secrets(milestone, repo)
     table = found.all()
     result = Verification(folder, found)
@@ -266,16 +267,31 @@ def _copy_tree(src: Path, dst: Path, repo: Path, skip_suffixes=(), skip_names=()
         shutil.copyfile(path, dst / rel)
 
 
-def _prepare(out: Path, repo: Path) -> None:
-    """An empty ``out``, or a previous release emptied but for its .git (the next milestone is a new commit)."""
+def _prepare(out: Path, repo: Path, milestone: str, force: bool = False) -> None:
+    """An empty ``out``, or a previous release emptied but for its .git (the next milestone is a new commit); a
+    release of a later milestone only with ``force`` (its later stages would go)."""
+    from .outputs import OutputError, writable_folder
+
     out = out.resolve()
     if out == repo.resolve() or repo.resolve().is_relative_to(out):
         raise ReleaseError(f"{out} holds the instructor's repository: give a new folder for the release")
     if out.exists() and not out.is_dir():
         raise ReleaseError(f"{out} is a file: give a folder for the release")
+    try:
+        writable_folder(out, "the release folder")
+    except OutputError as exc:
+        raise ReleaseError(str(exc)) from None
     if out.exists() and any(p.name != ".git" for p in out.iterdir()):
-        if given.manifest(out / "labkit" / "given") is None:
+        info = given.manifest(out / "labkit" / "given")
+        if info is None:
             raise ReleaseError(f"{out} is not empty and holds no earlier release: give an empty or new folder")
+        lost = [n for n in STAGES if milestone < n <= info["milestone"]]
+        if lost and not force:
+            code = sorted(n for n in info.get("files", {}) if n >= milestone)
+            raise ReleaseError(f"{out} holds the release of milestone {info['milestone']}: --upto {milestone} would "
+                               f"delete stages {given.span(lost)} from it (their notebooks"
+                               + (f"; and the given code of {given.span(code)}" if code else "")
+                               + "): pass --force to do that, or name another folder")
         for p in out.iterdir():
             if p.name != ".git":
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -400,9 +416,10 @@ def _figures(repo: Path, out: Path, number: str) -> None:
         shutil.copyfile(png, out / "notebooks" / "figures" / png.name)
 
 
-def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False) -> Verification:
+def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False, force: bool = False) -> Verification:
     """Write the student repository of ``milestone`` into ``out`` and search it for solution text; ReleaseError
-    when anything leaks (the folder is left for inspection, not to be published)."""
+    when anything leaks (the folder is left for inspection, not to be published). ``force``: replace a release of a
+    later milestone too."""
     import nbformat
 
     if milestone not in STAGES:
@@ -410,7 +427,7 @@ def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False) -> Ve
     repo, out = Path(repo), Path(out)
     for number in STAGES:
         _solution(repo, number)
-    _prepare(out, repo)
+    _prepare(out, repo, milestone, force)
     ms = _make_student(repo)
     _copy_tree(repo / "labkit", out / "labkit", repo)
     files = _given_code(repo, out, milestone)

@@ -280,6 +280,27 @@ def test_data_locations_that_cannot_be_used_are_named(tmp_path, blocker, monkeyp
         data.find("cifar10")
 
 
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc, where nothing can be created")
+def test_a_place_nothing_can_be_written_is_refused_before_the_work(monkeypatch):
+    """/proc takes no new file, even from root, to whom ``os.access`` says yes: each output is tried (a file made
+    and removed), so every command refuses it in one line before its work (grading a class took 7 min before)."""
+    from labkit import bench, grading
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the work started although its output was refused")
+
+    monkeypatch.setattr(grading, "grade", must_not_run)
+    monkeypatch.setattr(bench, "bench", must_not_run)
+    nope = "/proc/labkit-nope"
+    for args, says in ((["grade", "/proc", "--out", nope], f"--out {nope} cannot be created"),
+                       (["run", "--images", "2", "--synthetic", "--record", f"{nope}.jsonl"],
+                        f"--record {nope}.jsonl cannot be created"),
+                       (["bench", "--stages", "01", "--nets", "cifar10", "--images", "2", "--out", nope],
+                        f"--out {nope} cannot be created"),
+                       (["data", "fetch", "cifar10", "--root", nope], f"the download folder {nope} cannot be created")):
+        one_line(*run(*args), says)
+
 @pytest.mark.parametrize("name, body, says", [
     ("notes.txt", "conv1 0.1 0.2\n", "is not an .npz weights file: it is a text file"),
     ("w.json", '{"conv1.weight": [1, 2]}', "is not an .npz weights file: it is a JSON file"),

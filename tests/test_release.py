@@ -154,3 +154,53 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path):
         assert got.exit_code != 0 and says in got.output, (args, got.output)
         assert not got.exception or isinstance(got.exception, SystemExit)
     assert (busy / "notes.txt").read_text() == "mine"
+
+
+def _fake_release(folder: Path, milestone: str) -> Path:
+    """A folder as a release of ``milestone`` leaves it: its manifest and a notebook of each of its stages."""
+    (folder / "labkit" / "given").mkdir(parents=True)
+    files = {n: s.notebook.replace(".ipynb", ".py") for n, s in stages.STAGES.items() if "01" <= n < milestone}
+    (folder / "labkit" / "given" / given.MANIFEST).write_text(json.dumps(
+        {"milestone": milestone, "released": [n for n in stages.STAGES if n < milestone], "files": files}))
+    (folder / "notebooks").mkdir()
+    for n, s in stages.STAGES.items():
+        if n <= milestone:
+            (folder / "notebooks" / s.notebook).write_text("{}")
+    return folder
+
+
+def test_an_earlier_milestone_onto_a_later_release_is_refused_unless_forced(tmp_path, monkeypatch):
+    """--upto 06 onto milestone 10's release would delete stages 07-10: refused in one line naming them, the folder
+    untouched; --force goes on."""
+    out = _fake_release(tmp_path / "course", "10")
+    before = sorted(release.file_list(out))
+    got = CliRunner().invoke(main, ["release", str(out), "--upto", "06"])
+    assert got.exit_code != 0 and len(got.output.strip().splitlines()) == 1, got.output
+    assert ("holds the release of milestone 10: --upto 06 would delete stages 07\u201310 from it (their notebooks; "
+            "and the given code of 06\u201309): pass --force") in got.output, got.output
+    assert sorted(release.file_list(out)) == before
+
+    def reached(repo):
+        raise release.ReleaseError("went on to build")
+
+    monkeypatch.setattr(release, "_make_student", reached)
+    got = CliRunner().invoke(main, ["release", str(out), "--upto", "06", "--force"])
+    assert got.exit_code != 0 and "went on to build" in got.output, got.output
+
+
+def test_verify_of_a_folder_holding_no_release_is_refused(tmp_path):
+    """"found: nothing" of a folder that holds no release would say a typo is clean: with --upto too, one line."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder, says in ((empty, "is not a labkit release (it is empty)"),
+                         (tmp_path, "is not a labkit release (no labkit/given/manifest.json)")):
+        got = CliRunner().invoke(main, ["release", "--verify", str(folder), "--upto", "05"])
+        assert got.exit_code != 0 and says in got.output and len(got.output.strip().splitlines()) == 1, got.output
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc, where nothing can be created")
+def test_a_release_folder_that_cannot_be_created_is_one_line(tmp_path):
+    """As root ``os.access`` says yes to /proc: the folder is tried (a file made there), not asked about."""
+    got = CliRunner().invoke(main, ["release", "/proc/labkit-nope", "--upto", "01"])
+    assert got.exit_code != 0 and "the release folder /proc/labkit-nope cannot be created" in got.output, got.output
+    assert len(got.output.strip().splitlines()) == 1 and "Traceback" not in got.output
