@@ -113,11 +113,31 @@ def first_wrong(rec: Recording) -> tuple | None:
 
 
 def element_or_middle(rec: Recording, element) -> tuple:
-    """``element``, or the middle output element of the first image and map."""
-    out = rec.case["out"]
+    """``element``, or the middle output element of the first image and map; one outside the output is refused in
+    one line that names its shape."""
+    out = tuple(int(s) for s in rec.case["out"])
     if element is None:
         return (0, 0, out[2] // 2, out[3] // 2) if len(out) == 4 else tuple(s // 2 for s in out)
-    return tuple(int(v) for v in element)
+    element = tuple(int(v) for v in np.ravel(element))
+    if len(element) != len(out) or any(not 0 <= e < s for e, s in zip(element, out)):
+        names = ("n", "m", "i", "j")[:len(out)] if len(out) <= 4 else [f"i{k}" for k in range(len(out))]
+        raise ValueError(f"element {element} is outside this case's output, of shape {out}: give "
+                         f"({', '.join(names)}) with {', '.join(f'0 <= {n} < {s}' for n, s in zip(names, out))}")
+    return element
+
+
+def _in_range(value, dims: tuple, what: str, within: str) -> None:
+    """Refuse a block or thread index (flat, or (x, y, z)) outside the launch's ``dims``, naming the valid range."""
+    dims = tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+    count = int(np.prod(dims))
+    if isinstance(value, (int, np.integer)):
+        ok = 0 <= int(value) < count
+    else:
+        coords = tuple(int(v) for v in value)
+        ok = 0 < len(coords) <= 3 and all(0 <= c < d for c, d in zip(coords, dims))
+    if not ok:
+        raise ValueError(f"{what} {value} is outside the launch's {within} {dims}: give 0..{count - 1}, or (x, y, z) "
+                         f"with x < {dims[0]}, y < {dims[1]}, z < {dims[2]}")
 
 
 def output_array(launch: Launch) -> str | None:
@@ -135,8 +155,16 @@ def writer(rec: Recording, launch: Launch, element) -> tuple | None:
 
 
 def selection(rec: Recording, launch: Launch, element=None, block=None, thread=None, warp=None) -> tuple:
-    """(block, thread, warp) for ``labkit.draw.select``: as given, else the thread that writes ``element``."""
+    """(block, thread, warp) for ``labkit.draw.select``: as given (each within the launch, or refused in one line
+    naming the valid range), else the thread that writes ``element``."""
     if block is not None or thread is not None or warp is not None:
+        _in_range(block or 0, launch.grid, "block", "grid")
+        if thread is not None:
+            _in_range(thread, launch.block, "thread", "block")
+        warps = -(-int(np.prod(launch.block)) // 32)
+        if warp is not None and not 0 <= int(warp) < warps:
+            raise ValueError(f"warp {warp} is outside the block: its {int(np.prod(launch.block))} threads make "
+                             f"warps 0..{warps - 1}")
         return (block or 0, thread, warp)
     who = writer(rec, launch, element_or_middle(rec, element))
     if who is None:

@@ -157,6 +157,30 @@ def test_show_draws_a_figure_with_a_count_table_and_refuses_what_it_cannot_recor
         lk.show(s04.conv_padded, layer="fc")
 
 
+
+@simulated
+def test_a_block_thread_warp_or_element_out_of_range_names_the_valid_range(tiled05):
+    """Asked for what the launch does not have, lk.show says what it has (it failed with numpy's words before:
+    ``min() arg is an empty sequence``)."""
+    with pytest.raises(ValueError, match=r"^block \(5, 5\) is outside the launch's grid \(\d+, \d+, 1\): give 0\.\."):
+        lk.show(lk.from_stage("05").conv_tiled_8, block=(5, 5))
+    launch = tiled05.launch()  # grid (4, 1, 1), block (8, 8, 1), output 1 x 1 x 12 x 12
+    for kwargs, says in ((dict(block=4), "block 4 is outside the launch's grid (4, 1, 1): give 0..3, or (x, y, z) "
+                                         "with x < 4, y < 1, z < 1"),
+                         (dict(block=1, thread=(8, 0)), "thread (8, 0) is outside the launch's block (8, 8, 1): give "
+                                                        "0..63"),
+                         (dict(thread=64), "thread 64 is outside the launch's block (8, 8, 1)"),
+                         (dict(warp=2), "warp 2 is outside the block: its 64 threads make warps 0..1")):
+        with pytest.raises(ValueError) as got:
+            access.selection(tiled05, launch, **kwargs)
+        assert str(got.value).startswith(says), (kwargs, str(got.value))
+    for element in ((0, 0, 12, 0), (1, 0, 0, 0), (0, 0, 0), (0, 0, -1, 0)):
+        with pytest.raises(ValueError, match=r"is outside this case's output, of shape \(1, 1, 12, 12\): give "
+                                             r"\(n, m, i, j\) with 0 <= n < 1, 0 <= m < 1, 0 <= i < 12, 0 <= j < 12"):
+            access.element_or_middle(tiled05, element)
+    assert access.selection(tiled05, launch, block=3, thread=(7, 7), warp=None) == (3, (7, 7), None)
+    assert access.element_or_middle(tiled05, (0, 0, 11, 11)) == (0, 0, 11, 11)
+
 @simulated
 def test_the_child_process_records_what_this_process_records(tiled05):
     """On a GPU machine lk.show records in a child under the simulator: same accesses as here."""
