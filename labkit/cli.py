@@ -23,13 +23,20 @@ def info():
     """What hardware and software this machine has, and what that means for the course."""
     from .device import describe
 
+    from .weights_io import COURSE_WEIGHTS, NOT_SHIPPED, course_weights
+
     click.echo(describe())
     click.echo("")
+    if data_mod.env_problem():  # the data lines below would only say "not found"
+        click.echo(f"data: {data_mod.env_problem()}")
     for name, ds in data_mod.DATASETS.items():
         try:
             click.echo(f"data {name}: {data_mod.find(name)}")
         except data_mod.DataNotFound:
             click.echo(f"data {name}: not found (run `{ds.fetch_hint}`)")
+    for net in COURSE_WEIGHTS:  # the models the kit does not ship: found, or where to get them
+        found = course_weights(net)
+        click.echo(f"model {net}: {found}" if found else f"model {net}: not found; {NOT_SHIPPED[net]}")
 
 
 @main.group()

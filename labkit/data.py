@@ -126,7 +126,7 @@ def root_state(root: Path) -> str:
     return "" if root.is_dir() else "is a file, not a folder" if root.exists() else "does not exist"
 
 
-def _env_problem() -> str:
+def env_problem() -> str:
     """What is wrong with ``$LABKIT_DATA`` and what to do, or "" when it is unset or a folder."""
     env = data_env()
     if env is None or env.is_dir():
@@ -183,7 +183,7 @@ def find(name: str, file: str | None = None) -> Path:
         if (folder / need).is_file() or (file is None and any((folder / f).is_file() for f in ds.files)):
             return folder
         looked.append(f"{folder} ({label}{', which ' + root_state(root) if root_state(root) else ''})")
-    hint = f" {_env_problem()}." if _env_problem() else ""
+    hint = f" {env_problem()}." if env_problem() else ""
     raise DataNotFound(
         f"{name}: {need} not found. Looked in: {'; '.join(looked)}.{hint} "
         f"Fetch it with `{ds.fetch_hint}` (needs internet), or point LABKIT_DATA at a folder that holds "
@@ -227,8 +227,8 @@ def fetch(name: str, root: str | Path | None = None, progress: bool = True,
     """
     pooch = _pooch()
     ds = get_dataset(name)
-    if root is None and _env_problem():
-        problem, _, todo = _env_problem().partition(": ")
+    if root is None and env_problem():
+        problem, _, todo = env_problem().partition(": ")
         raise DataError(f"{problem}, so there is nowhere to download {name} to: {todo}; or pass --root")
     root = Path(root) if root is not None else default_download_root()
     from .outputs import OutputError, writable_folder

@@ -248,7 +248,8 @@ def _detect() -> DeviceInfo:
         notes.append("no GPU and no simulator: CPU-only stages run; for GPU kernels set NUMBA_ENABLE_CUDASIM=1 "
                      "before numba is imported (labkit then shrinks sizes and labels results as simulated)")
     if kind != "gpu":
-        notes.append("managed memory and CUDA C via cupy need a real GPU: those cells are skipped with a message")
+        notes.append("managed memory and cupy's own routines (cuBLAS) need a real GPU: those cells are skipped with a "
+                     "message")
     if cupy_why and kind == "gpu":
         notes.append(cupy_why + ": the cuBLAS comparison and CUDA C cells need cupy")
     extra = _extra_for(driver)
@@ -293,6 +294,7 @@ def describe(device: DeviceInfo | None = None) -> str:
         f"numba-cuda:  {(d.numba_cuda_version or 'installed') if d.numba_cuda else 'not importable'}",
         f"cupy:        {cupy}",
         f"CUDA driver: {_version(d.driver)}",
+        f"CUDA C:      {_cuda_c(d)}",
     ]
     if d.kind == "gpu":
         lines.append(f"CUDA toolkit (NVRTC): {_version(d.runtime)}")
@@ -305,6 +307,25 @@ def describe(device: DeviceInfo | None = None) -> str:
     lines.append("")
     lines.extend(f"- {note}" for note in d.notes)
     return "\n".join(lines)
+
+
+def _cuda_c(d: DeviceInfo) -> str:
+    """How CUDA C cells run here (``stages.unavailable``, the rule the checks, the bench and the grader follow):
+    through cupy on a GPU, on the CPU emulation (``labkit.cudacpu``) where there is none and a C++ compiler is."""
+    from .stages import unavailable
+
+    why = unavailable(("cuda_c",))
+    if why:
+        return f"skipped ({why})"
+    if d.kind == "gpu":
+        return "through cupy, on the GPU"
+    from .cudacpu.compiler import ENV, find_compiler
+
+    words = find_compiler() or ("?",)
+    used = ("zig's clang from the ziglang package" if "ziglang" in words else f"{words[0]} from ${ENV}"
+            if os.environ.get(ENV, "").strip() else words[0])
+    return (f"on the CPU emulation of CUDA C (labkit.cudacpu, compiled with {used}): checked as on a GPU, its "
+            f"times are not meaningful")
 
 
 def label(device: DeviceInfo | None = None) -> str:

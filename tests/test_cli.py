@@ -73,6 +73,25 @@ def test_info_and_data_where():
     assert code == 0 and ("$LABKIT_DATA" in out or "repository data/" in out)
 
 
+def test_info_names_the_ece408_model_and_a_labkit_data_that_is_a_file(tmp_path, monkeypatch):
+    """The model the kit does not ship: where it was found, or where to get it; a LABKIT_DATA naming a file is said
+    (the data lines alone only said "not found")."""
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path))
+    model = tmp_path / "ece408-model" / "ece408-sp19-0002.params"
+    model.parent.mkdir()
+    model.write_bytes(b"\x12\x01")
+    code, out = run("info")
+    assert code == 0 and f"model ece408: {model}" in out, out
+    model.unlink()
+    monkeypatch.setattr("labkit.weights_io.course_weights", lambda net: None)  # nor in data/ or the user cache
+    code, out = run("info")
+    assert "model ece408: not found; labkit ships no weights for ece408" in out and "ece408_mxnet_docker" in out, out
+    monkeypatch.setenv("LABKIT_DATA", str(model.parent / "notes.txt"))
+    (model.parent / "notes.txt").write_text("mine\n")
+    code, out = run("info")
+    assert code == 0 and f"data: LABKIT_DATA={model.parent / 'notes.txt'} is a file, not a folder: point it" in out
+
+
 def test_record_writes_a_ledger(tmp_path, cifar_root):
     ledger = tmp_path / "ledger.jsonl"
     code, out = run("run", "--net", "cifar10", "--images", "5", "--record", str(ledger))

@@ -45,9 +45,25 @@ def test_describe_explains_findings():
     text = device.describe()
     assert "CUDA simulator" in text
     assert "sizes are shrunk" in text and "timings are not meaningful" in text
-    assert "managed memory and CUDA C via cupy need a real GPU" in text
+    assert "managed memory and cupy's own routines (cuBLAS) need a real GPU" in text
     assert "labkit[cuda12]" in text or "labkit[cuda13]" in text
     assert "GPU:" not in text.split("\n")[0]
+
+
+@simulator_only
+def test_describe_says_where_cuda_c_runs(monkeypatch):
+    """Without a GPU, CUDA C runs on the CPU emulation where a C++ compiler is found (it said "skipped" before);
+    without a compiler the line says what to install, as the checks' skip does."""
+    from labkit.cudacpu import compiler
+
+    if compiler.missing():
+        pytest.skip(f"no compiler for the CPU emulation here: {compiler.missing()}")
+    text = device.describe()
+    assert "CUDA C:      on the CPU emulation of CUDA C (labkit.cudacpu, compiled with " in text, text
+    assert "CUDA C via cupy need a real GPU" not in text and "CUDA C cells are skipped" not in text
+    monkeypatch.delenv(compiler.ENV, raising=False)
+    monkeypatch.setattr(compiler, "find_compiler", lambda: None)
+    assert "CUDA C:      skipped (no C++ compiler for the CPU emulation of CUDA C: " in device.describe()
 
 
 @simulator_only
