@@ -257,10 +257,14 @@ def default_batches(target: str = "gpu") -> tuple[int, ...]:
 
 # ------------------------------------------------------------------------------- new arrays where freed ones were
 
-#: the earlier call's arrays a kept kernel or result may have answered with, most likely first, and their names
-_EARLIER = ((("w",), "weights (w)"), (("w", "b"), "weights and bias (w, b)"),
-            (("x", "w", "b"), "input, weights and bias (x, w, b), i.e. that call's output"), (("b",), "bias (b)"),
-            (("x",), "input (x)"), (("x", "w"), "input and weights (x, w)"), (("x", "b"), "input and bias (x, b)"))
+#: the earlier call's arrays a kept kernel or result may have answered with, most likely first, and what they make
+_EARLIER = ((("w",), "the values with the weights (w) of an earlier call"),
+            (("w", "b"), "the values with the weights and bias (w, b) of an earlier call"),
+            (("x", "w", "b"), "the output of an earlier call"),
+            (("b",), "the values with the bias (b) of an earlier call"),
+            (("x",), "the values with the input (x) of an earlier call"),
+            (("x", "w"), "the values with the input and weights (x, w) of an earlier call"),
+            (("x", "b"), "the values with the input and bias (x, b) of an earlier call"))
 
 
 def weighted(layer: Layer | tuple[Layer, ...]) -> bool:
@@ -273,8 +277,8 @@ def kept_from_earlier(layer: Layer | tuple[Layer, ...], earlier: tuple[np.ndarra
                       got: np.ndarray, tol: float = DEFAULT_TOL) -> str:
     """" — ..." when ``got``, the output of a call whose arrays were put at the addresses of an earlier call's
     (freed just before it: ``labkit.freed``), is the layer's on some of that earlier call's (x, weights) instead of
-    its own: something kept by the id() of a freed array answered. "" otherwise. The self-check's and the grader's
-    words."""
+    its own: something kept across calls answered, by the shapes or by the id() of a freed array (either gives the
+    same values here). "" otherwise. The self-check's and the grader's words."""
     group = layer if isinstance(layer, tuple) else (layer,)
     if not weighted(group) or not isinstance(got, np.ndarray) or not np.isfinite(got).all():
         return ""
@@ -291,10 +295,10 @@ def kept_from_earlier(layer: Layer | tuple[Layer, ...], earlier: tuple[np.ndarra
             y = reference.layer_forward(ly, y, {}, accumulate="float64")
         norm = np.linalg.norm(y)
         if y.shape == got.shape and norm > 0 and np.linalg.norm(got - y) <= 10 * tol * norm:
-            return (f" — these are the values with the {what} of an earlier call, whose arrays were freed before "
-                    f"this call and whose addresses (the same id()) this call's arrays took: a kernel or result kept "
-                    f"from earlier weights, in a cache keyed by id() of arrays that were freed? Keep each array "
-                    f"alive with what you keep for it (lk.const_kernels.PerWeights does)")
+            return (f" — these are {what}: is a kernel or result cached across calls, keyed by the arrays' shapes "
+                    f"or by their id() (that call's arrays were freed before this one, and this call's took their "
+                    f"addresses)? Key it by what the arrays hold, or keep each array alive with what you keep for "
+                    f"it (lk.const_kernels.PerWeights does)")
     return ""
 
 
