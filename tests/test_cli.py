@@ -320,6 +320,15 @@ def test_a_place_nothing_can_be_written_is_refused_before_the_work(monkeypatch):
                        (["data", "fetch", "cifar10", "--root", nope], f"the download folder {nope} cannot be created")):
         one_line(*run(*args), says)
 
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc, where nothing can be created")
+def test_grading_from_python_checks_out_first(tmp_path):
+    """From a notebook (labkit.grading.grade) too: the reports' folder is tried before any job, not after."""
+    from labkit import grading
+
+    with pytest.raises(grading.GradeError, match="^--out /proc/labkit-nope cannot be created"):
+        grading.grade(tmp_path, out="/proc/labkit-nope", progress=False)
+
 @pytest.mark.parametrize("name, body, says", [
     ("notes.txt", "conv1 0.1 0.2\n", "is not an .npz weights file: it is a text file"),
     ("w.json", '{"conv1.weight": [1, 2]}', "is not an .npz weights file: it is a JSON file"),

@@ -412,3 +412,132 @@ def test_grading_without_a_sandbox_is_refused_unless_asked_for(tmp_path, monkeyp
         assert isolation.choose(unsandboxed=True).mode == "none"
     finally:
         isolation.bwrap_usable.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------- before any job
+
+
+def _class(tmp_path: Path) -> Path:
+    """One student's untouched stage-01 notebook: grading would start at once, were it not refused."""
+    nb = tmp_path / "class" / "ann" / "notebooks" / "01_serial_baseline.ipynb"
+    nb.parent.mkdir(parents=True)
+    nb.write_bytes((REPO / "notebooks" / "01_serial_baseline.ipynb").read_bytes())
+    return tmp_path / "class"
+
+
+def _refused(args: list[str], says: list[str], out: Path) -> str:
+    """``labkit grade`` refused in one line saying each of ``says``, before any job (no report, no --out)."""
+    got = CliRunner().invoke(main, ["grade", *args, "--out", str(out), "--no-progress"])
+    lines = got.output.strip().splitlines()
+    assert got.exit_code != 0 and len(lines) == 1 and "Traceback" not in got.output, got.output
+    for words in says:
+        assert words in lines[0], (words, lines[0])
+    assert not out.exists()
+    return lines[0]
+
+
+@needs_bwrap
+def test_a_child_importing_other_versions_refuses_the_run_before_any_job(tmp_path, monkeypatch):
+    """The grader's numpy on PYTHONPATH and the child's elsewhere failed every reference solution with
+    ``module 'numpy' has no attribute 'row_stack'``: now a probe child in the run's sandbox says what it imports,
+    and a difference refuses the run in one line (the package, both versions, where from, what to do)."""
+    from labkit.grading import environment, run
+
+    real, where = environment.imported()
+    monkeypatch.setattr(environment, "imported", lambda: ({**real, "numpy": "1.26.4"},
+                                                          {**where, "numpy": "/opt/hpc/numpy/lib"}))
+
+    def no_plans(*args, **kwargs):
+        raise AssertionError("the run went on to plan its stages")
+
+    monkeypatch.setattr(run, "Context", no_plans)
+    _refused([str(_class(tmp_path)), "--stages", "01", "--sandbox", "bwrap"],
+             ["nothing was graded: the grading child's Python imports numpy " + real["numpy"],
+              "the grader numpy 1.26.4 from /opt/hpc/numpy/lib", "bubblewrap binds the grader's Python environment"],
+             tmp_path / "grades")
+
+
+def test_a_job_whose_child_imports_other_versions_is_the_graders_error_and_ends_at_hello():
+    """A job's own child (a cluster worker's, a job started without the run's probe) is checked too: its row is the
+    grader's error and nothing of the student's runs after the hello."""
+    from labkit.grading import environment, job, protocol as P, scoring
+
+    versions, origins = environment.imported()
+    j = job.Job.__new__(job.Job)
+    j.outcome, j.running, j.lib = scoring.JobOutcome(), None, Path(origins["labkit"])
+    hello = P.Hello(device="d", kind="simulator", simulated=True, pid=1, labkit=str(Path(origins["labkit"]) / "labkit"),
+                    versions={**versions, "numba": "0.59.0"}, origins=origins)
+    assert j.handle(P.Kind.HELLO, hello.to_json(), b"", None) is True
+    assert j.outcome.grader_error.startswith(f"not graded: the grading child's Python imports numba 0.59.0 from "
+                                             f"{origins['numba']}, the grader numba {versions['numba']}")
+    same = job.Job.__new__(job.Job)
+    same.outcome, same.running, same.lib = scoring.JobOutcome(), None, Path(origins["labkit"])
+    hello.versions = versions
+    assert same.handle(P.Kind.HELLO, hello.to_json(), b"", None) is False and same.outcome.grader_error is None
+
+
+@needs_bwrap
+@pytest.mark.skipif(not device.is_simulated(), reason="a fake cupy on the path: only where nothing imports cupy")
+def test_packages_on_pythonpath_are_imported_in_bubblewrap_as_by_the_grader(tmp_path):
+    """pip install --target DIR, DIR on PYTHONPATH: the child reads DIR too (bound read-only, on its path after its
+    labkit), so the probe finds the same versions. A cupy that only its metadata makes (nothing imports it here)."""
+    site = tmp_path / "site"
+    (site / "cupy").mkdir(parents=True)
+    (site / "cupy" / "__init__.py").write_text("__version__ = '13.0.0'\n")
+    (site / "cupy-13.0.0.dist-info").mkdir()
+    (site / "cupy-13.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: cupy\nVersion: 13.0.0\n")
+    code = ("from labkit.grading import environment, isolation, job\n"
+            "print(environment.imported()[0]['cupy'])\n"
+            "print(job.probe(isolation.choose('bwrap')))\n")
+    env = {**os.environ, "PYTHONPATH": str(site), "NUMBA_ENABLE_CUDASIM": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["13.0.0", "None"], proc.stdout
+
+
+def test_a_pythonpath_entry_holding_what_students_must_not_read_is_refused(tmp_path, monkeypatch):
+    """An entry is bound into the sandbox whole: one that holds the submissions, --out, the solutions, the jobs'
+    folders, the home folder or / would let a student's code read them. The kit's checkout itself is left out
+    (the child imports labkit from its job's copy); a folder of packages is fine."""
+    import tempfile
+
+    site, subs = tmp_path / "site", tmp_path / "class"
+    site.mkdir()
+    subs.mkdir()
+    private = {"the submissions": subs, "--out": tmp_path / "grades", "the solutions": REPO / "solutions"}
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO), str(tmp_path / "gone"), ""])}
+    assert isolation.python_path(env) == [str(site)] and isolation.python_path_refusal(private, env) == ""
+    cases = [(tmp_path, private, f"holds the submissions ({subs})"),
+             (tmp_path, {"--out": tmp_path / "grades"}, f"holds --out ({tmp_path / 'grades'})"),
+             ("/", {}, "PYTHONPATH holds /,"), (Path.home(), {}, "holds the home folder"),
+             (tempfile.gettempdir(), {}, "holds the jobs' folders")]
+    if not any(Path(p).resolve().is_relative_to(REPO.parent.resolve()) for p in (tempfile.gettempdir(), Path.home())):
+        cases.append((REPO.parent, {}, "holds the kit's checkout"))  # (else it holds one of those first)
+    for entry, mine, says in cases:
+        why = isolation.python_path_refusal(mine, {"PYTHONPATH": f"{site}{os.pathsep}{entry}"})
+        assert says in why and "take it off PYTHONPATH" in why, (entry, why)
+    if BWRAP is not None:
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+        _refused([str(_class(tmp_path)), "--stages", "01", "--sandbox", "bwrap"],
+                 [f"nothing was graded: PYTHONPATH entry {tmp_path} holds the submissions"], tmp_path / "grades")
+
+
+def test_docker_without_its_daemon_is_refused_before_any_job(tmp_path, monkeypatch):
+    """The docker client without a daemon gave a report of grader-error rows blaming the reference solution, exit
+    0: now `docker version` is asked once, before any job, and its answer refuses the run in one line."""
+    engine = tmp_path / "bin" / "docker"
+    engine.parent.mkdir()
+    engine.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the "
+                      "docker daemon running?' >&2\nexit 1\n")
+    engine.chmod(0o755)
+    monkeypatch.setenv(isolation.DOCKER_ENV, str(engine))
+    monkeypatch.setenv(isolation.IMAGE_ENV, "course/labkit:1")
+    subs = _class(tmp_path)
+    _refused([str(subs), "--stages", "01", "--sandbox", "docker"],
+             ["nothing was graded: docker cannot start a container here: `docker version` says 'Cannot connect to "
+              "the Docker daemon", f"or set {isolation.DOCKER_ENV}=podman"], tmp_path / "grades")
+    engine.write_text("#!/bin/sh\nexit 0\n")  # a daemon answers; no image runs: the probe child says so
+    _refused([str(subs), "--stages", "01", "--sandbox", "docker"],
+             ["nothing was graded: the docker sandbox did not start a grading child"], tmp_path / "grades")
+    assert "is not there" in isolation.Apptainer("apptainer", str(tmp_path / "labkit.sif")).unusable()
+    assert isolation.Apptainer("apptainer", "docker://course/labkit:1").unusable() == ""

@@ -92,10 +92,16 @@ def _context(spec: dict):
             from .run import Context, simulator_if_no_driver
             from .rubric import load_rubric
 
+            from .run import sandbox_refusal
+
             simulator_if_no_driver()
             info = device.info()
-            _contexts[key] = Context(list(spec["stages"]), load_rubric(spec["rubric"]), Path(spec["solutions"]),
-                                     info.kind == "gpu", info.simulated, by_mode(spec.get("sandbox")))
+            rubric, iso = load_rubric(spec["rubric"]), by_mode(spec.get("sandbox"))
+            refused = sandbox_refusal(iso, spec.get("private") or {}, rubric.base["limits"]["memory_mb"])
+            if refused:  # every task of this worker fails with it: its rows say why
+                raise GradeError(f"this worker ({os.uname().nodename}) cannot grade: {refused}")
+            _contexts[key] = Context(list(spec["stages"]), rubric, Path(spec["solutions"]), info.kind == "gpu",
+                                     info.simulated, iso)
         return _contexts[key]
 
 

@@ -3,13 +3,20 @@
 Recorded in every report's ``meta.environment``, so two runs' op times are only compared where they match.
 Versions come from the installed packages' metadata (nothing is imported for it: cupy is never touched on the
 simulator); the NVIDIA driver's own version from ``nvidia-smi`` where there is one.
+
+The versions a process imports (``imported``) are the grader's and its children's, compared (``mismatch``) before
+any job is graded: a child whose Python imports another numpy than the grader's fails every reference solution.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from importlib import metadata
 
 from .. import device
@@ -29,6 +36,48 @@ def _version(name: str) -> str | None:
             return metadata.version(n)
         except metadata.PackageNotFoundError:
             continue
+    return None
+
+
+#: the module each checked package is imported as (cupy: never imported for it, see ``imported``)
+MODULES = {"numpy": "numpy", "numba": "numba", "numba-cuda": "numba_cuda", "labkit": "labkit"}
+
+
+def imported() -> tuple[dict[str, str | None], dict[str, str]]:
+    """({package: the version this process imports, None where it has none}, {package: the folder it comes from}):
+    numpy, numba, numba-cuda and labkit as imported (``__version__``); cupy from the metadata beside the package
+    that would be imported, never imported itself (the simulator never touches it)."""
+    versions: dict[str, str | None] = {}
+    origins: dict[str, str] = {}
+    for name in PACKAGES:
+        try:
+            if name == "cupy":
+                spec = importlib.util.find_spec("cupy")
+                versions[name] = _version("cupy") if spec is not None else None
+                origin = spec.origin if spec is not None else None
+            else:
+                module = importlib.import_module(MODULES[name])
+                versions[name] = getattr(module, "__version__", None)
+                origin = getattr(module, "__file__", None)
+        except Exception:  # noqa: BLE001 - not importable here: "none", which differs from a version
+            versions[name], origin = None, None
+        if origin:
+            origins[name] = os.path.dirname(os.path.dirname(origin))
+    return versions, origins
+
+
+def mismatch(versions: dict, origins: dict, advice: Callable[[str, str | None], str]) -> str | None:
+    """One line naming the first package a child imports in another version than this process (both versions,
+    where each comes from, and ``advice(package, this version)``: what to do), or None when they all match."""
+    mine, here = imported()
+    for name in PACKAGES:
+        theirs = versions.get(name)
+        if theirs == mine[name]:
+            continue
+        where = f" from {origins[name]}" if origins.get(name) else ""
+        return (f"the grading child's Python imports {name} {theirs or '(none: not importable)'}{where}, the grader "
+                f"{name} {mine[name] or '(none)'}" + (f" from {here[name]}" if here.get(name) else "")
+                + f" (with other versions a reference solution can fail its own grading); {advice(name, mine[name])}")
     return None
 
 

@@ -19,6 +19,11 @@ outside, so the job's JSON is valid in both.
 
 In the container modes the results travel on the container's stdout (the student's prints go to its stderr), as
 no file descriptor crosses into a Docker container; bubblewrap and ``none`` hand the child the result pipe.
+
+The grader's ``PYTHONPATH`` (packages installed with ``pip install --target``, an HPC module's) is bound read-only
+into bubblewrap and stays on the child's path after its private labkit (``python_path``), except an entry that holds
+what a student must not read (the submissions, ``--out``, the solutions, the jobs' folders, the home folder, ``/``):
+refused in one line before any job (``python_path_refusal``). A container's image has its own environment.
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ def kit_paths() -> list[str]:
     """The Python environment the grader runs in (prefixes, site-packages, the interpreter's real folder) and the
     library folders its environment names, outermost only; never a folder that holds the kit's checkout (its
     solutions/ are what a student must not read)."""
-    checkout = Path(__file__).resolve().parent.parent.parent
+    checkout = _checkout()
     found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
              str(Path(os.path.realpath(sys.executable)).parent), *site.getsitepackages()}
     if _user_site():
@@ -111,9 +116,51 @@ def _user_site() -> bool:
     return bool(site.ENABLE_USER_SITE) and site.getusersitepackages() in sys.path
 
 
-def child_env(env: dict, scratch: str, lib: str | None) -> dict:
+def _checkout() -> Path:
+    """The folder that holds the grader's labkit package (a checkout, with its solutions/, or site-packages)."""
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def python_path(env: dict | None = None) -> list[str]:
+    """The grader's ``PYTHONPATH`` folders a bubblewrap child imports from too (absolute, existing, once each), less
+    the folder of the grader's own labkit: the child imports labkit from its job's private copy, and a checkout holds
+    the solutions."""
+    env = os.environ if env is None else env
+    out: list[str] = []
+    for entry in env.get("PYTHONPATH", "").split(os.pathsep):
+        path = os.path.abspath(entry) if entry else ""
+        if path and os.path.isdir(path) and Path(path).resolve() != _checkout() and path not in out:
+            out.append(path)
+    return out
+
+
+def python_path_refusal(private: dict[str, str | Path], env: dict | None = None) -> str:
+    """Why the grader's PYTHONPATH cannot be bound into the sandbox, in one line ("" when it can): an entry that holds
+    one of ``private`` ({what: path}: the submissions, --out, the solutions), the jobs' folders (the system's
+    temporary folder), the grader's labkit checkout, the home folder or /, which a student's code must not read."""
+    import tempfile
+
+    guarded = {**{what: Path(p) for what, p in private.items() if p}, "the jobs' folders": Path(tempfile.gettempdir()),
+               "the home folder": Path.home()}
+    if (_checkout() / "solutions").is_dir():
+        guarded["the kit's checkout"] = _checkout()
+    for entry in python_path(env):
+        real = Path(entry).resolve()
+        if real == Path("/"):
+            return ("PYTHONPATH holds /, which would let a student's code read every file: take it off PYTHONPATH "
+                    "(put the packages in a folder of their own, e.g. pip install --target DIR)")
+        for what, path in guarded.items():
+            if path.resolve().is_relative_to(real):
+                return (f"PYTHONPATH entry {entry} holds {what} ({path}), which a student's code must not read: take "
+                        f"it off PYTHONPATH (put the packages in a folder of their own, e.g. pip install --target "
+                        f"DIR), or grade --unsandboxed only code you trust")
+    return ""
+
+
+def child_env(env: dict, scratch: str, lib: str | None, extra_path=()) -> dict:
     """The child's environment inside a sandbox: the grader's, less anything secret, with HOME, TMPDIR and every
-    cache in the scratch folder and labkit imported from ``lib`` (the job's private copy) only."""
+    cache in the scratch folder and labkit imported from ``lib`` (the job's private copy) first, then ``extra_path``
+    (the grader's PYTHONPATH where the sandbox binds it: ``python_path``)."""
     out = {k: v for k, v in env.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
     s = Path(scratch)
     out.update(HOME=str(s), TMPDIR=str(s / "tmp"), XDG_CACHE_HOME=str(s / ".cache"), MPLCONFIGDIR=str(s / ".mpl"),
@@ -125,10 +172,15 @@ def child_env(env: dict, scratch: str, lib: str | None) -> dict:
     if not Path(out.get("NUMBA_CACHE_DIR", "/")).is_relative_to(s):
         out["NUMBA_CACHE_DIR"] = str(s / "numba-cache")
     out.pop("PYTHONPATH", None)
-    if lib:
-        out["PYTHONPATH"] = lib
+    path = [p for p in [lib, *extra_path] if p]
+    if path:
+        out["PYTHONPATH"] = os.pathsep.join(path)
     (s / "tmp").mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _named(package: str, version: str | None) -> str:
+    return f"{package} {version}" if version else package
 
 
 def nvidia_devices() -> list[str]:
@@ -202,6 +254,20 @@ class Isolation:
         return {"mode": self.mode, "tool": "", "guarantees": "none: the child runs as the grader's user, with the "
                 "grader's file system and network (the instructor said --unsandboxed)"}
 
+    def unusable(self) -> str:
+        """Why this sandbox cannot start a child now, in a clause ("" when it can): asked once per run, before any
+        job (docker without its daemon, an image file that is not there)."""
+        return ""
+
+    def python_path(self) -> list[str]:
+        """The grader's PYTHONPATH folders this sandbox binds and puts on the child's path (``python_path``)."""
+        return []
+
+    def advice(self, package: str, version: str | None) -> str:
+        """What to do when the child imports another version of ``package`` than the grader (``version``)."""
+        return ("the child runs with the grader's own environment: start labkit grade from the Python environment "
+                "the kit is installed in, with the PYTHONPATH it was installed for")
+
     def command(self, argv: list[str], view: View, **_) -> list[str]:
         return list(argv)
 
@@ -263,6 +329,14 @@ class Bwrap(Sandboxed):
         return {"mode": self.mode, "tool": self.version, "guarantees": (
             "reads only the kit, its submission, its inputs and earlier stages' given code; writes only its scratch "
             "folder; no network; all capabilities dropped; its PID namespace ends with it")}
+
+    def python_path(self) -> list[str]:
+        return python_path()
+
+    def advice(self, package: str, version: str | None) -> str:
+        return (f"bubblewrap binds the grader's Python environment and its PYTHONPATH folders, so the child imports "
+                f"{package} from a folder the grader does not: install {_named(package, version)} where the grader's "
+                f"Python imports it from, and leave one version on the path")
 
     def command(self, argv: list[str], view: View, info_fd: int | None = None) -> list[str]:
         cmd = [self.exe, "--unshare-all", "--unshare-user", *(["--disable-userns"] if self.disable_userns else []),
@@ -347,9 +421,20 @@ class Container(Sandboxed):
         """The worker's command inside the image: the image's Python, the results on stdout."""
         return [*self.WRAP, self.PYTHON, *argv[1:]]
 
+    def advice(self, package: str, version: str | None) -> str:
+        return (f"the image {self.image} ({IMAGE_ENV}) must hold the grader's versions: install "
+                f"{_named(package, version)} in it (or grade with a Python that has the image's)")
+
 
 class Apptainer(Container):
     mode = "apptainer"
+
+    def unusable(self) -> str:
+        """An image named by its path (not ``docker://``, ``library://``...) must be there."""
+        if "://" not in self.image and not os.path.exists(self.image):
+            return (f"the image {self.image} ({IMAGE_ENV}) is not there: build it (apptainer build) or name the "
+                    f".sif file that holds the kit's Python environment")
+        return ""
 
     def command(self, argv: list[str], view: View, **_) -> list[str]:
         cmd = [self.exe, "exec", "--containall", "--no-home", "--net", "--network", "none", "--pwd", view.scratch]
@@ -383,6 +468,18 @@ class Apptainer(Container):
 class Docker(Container):
     mode = "docker"
     TESTED = "run by the kit's own tests through podman where an image is built, not in CI"
+
+    def unusable(self) -> str:
+        """``docker version`` fails where the client has no daemon to talk to (podman needs none)."""
+        try:
+            done = subprocess.run([self.exe, "version"], capture_output=True, text=True, timeout=WAIT_GONE_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{self.exe} version did not run ({exc})"
+        if done.returncode == 0:
+            return ""
+        said = " ".join((done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}").split())[:200]
+        return (f"{Path(self.exe).name} cannot start a container here: `{Path(self.exe).name} version` says {said!r} "
+                f"(start its daemon, or set {DOCKER_ENV}=podman, which needs none)")
 
     def command(self, argv: list[str], view: View, name: str = "labkit-job", **_) -> list[str]:
         cmd = [self.exe, "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only", "--cap-drop", "ALL",
@@ -492,8 +589,9 @@ def choose(request: str = "auto", unsandboxed: bool = False, image: str | None =
         found, why = _container(request, image)
     else:
         found, why = bwrap_usable()
-        if found is None and image:
-            found = next((f for f, _ in (_container(m, image) for m in ("apptainer", "docker")) if f), None)
+        if found is None and image:  # a container tool that is installed and can start a container
+            found = next((f for f, _ in (_container(m, image) for m in ("apptainer", "docker"))
+                          if f and not f.unusable()), None)
     if found is None:
         raise GradeError(f"no sandbox for student code here: {why}; or --sandbox apptainer|docker with {IMAGE_ENV}; "
                          f"or grade without one with --unsandboxed (only code you trust)")

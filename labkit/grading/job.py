@@ -20,7 +20,7 @@ from ..cudacpu import LABEL as CUDA_C_LABEL
 from ..check import CheckResult, compare, kept_from_earlier, layer_case, network_case, weighted
 from ..engine import NanCauses
 from ..nets import get_net
-from . import hints, isolation, sandbox, scoring
+from . import environment, hints, isolation, sandbox, scoring
 from . import protocol as P
 from .plan import References, StagePlan
 from .protocol import read_array
@@ -175,6 +175,53 @@ def _imported_from(lib: Path, msg: P.Hello) -> str | None:
     if not Path(msg.labkit).resolve().is_relative_to(lib.resolve()):
         return f"the grading process imported labkit from {msg.labkit}, not from its private copy in {lib}"
     return None
+
+
+def _not_as_the_grader(lib: Path, msg: P.Hello, iso: isolation.Isolation) -> str | None:
+    """Why a child cannot grade as the grader does (labkit not its private copy, or another version of a library
+    than the grader's), in one line; None when it can."""
+    return _imported_from(lib, msg) or environment.mismatch(msg.versions, msg.origins, iso.advice)
+
+
+#: how long a probe child may take to start and say what it imports (a container's first start can be slow)
+PROBE_S = 300.0
+
+
+def probe(iso: isolation.Isolation, memory_mb: int = 0, env_extra: dict | None = None,
+          time_limit: float = PROBE_S) -> str | None:
+    """Start one child in the run's sandbox as a job's is started (its private labkit, its view, its environment)
+    that only says what it imports (``worker``: ``{"probe": true}``), before any job: why no job could be graded
+    there (the sandbox does not start, or its Python imports other versions than the grader's), in one line; None
+    when it can."""
+    folder = Path(tempfile.mkdtemp(prefix="labkit-probe-"))
+    heard: list = []
+
+    def on_frame(kind: P.Kind, meta: dict, payload: bytes, answer) -> bool:
+        try:
+            heard.append(P.decode(kind, meta))
+        except P.ProtocolError as exc:
+            heard.append(exc)
+            return True
+        return isinstance(heard[-1], (P.Done, P.GraderError))
+
+    try:
+        (folder / "work").mkdir()
+        lib = folder / "lib"
+        sandbox.private_labkit(lib)
+        env = _child_env(folder, lib, folder / "solutions", env_extra or {})
+        end = sandbox.run_child({"probe": True, "stage": "00"}, folder, env, time_limit, memory_mb, False, on_frame,
+                                iso)
+        hello = next((m for m in heard if isinstance(m, P.Hello)), None)
+        if hello is not None:
+            return _not_as_the_grader(lib, hello, iso)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    failed = next((m for m in heard if isinstance(m, (P.GraderError, P.ProtocolError))), None)
+    tail = [line.strip() for line in end.stderr_tail.splitlines() if line.strip()][-2:]  # docker: its error, a hint
+    said = (getattr(failed, "message", None) or str(failed) if failed is not None else
+            " / ".join(tail) or f"exit status {end.returncode}")
+    return (f"the {iso.mode} sandbox did not start a grading child"
+            + (f" within {time_limit:.0f} s" if end.timed_out else "") + f": {' '.join(said.split())[:300]}")
 
 
 @dataclasses.dataclass
@@ -489,7 +536,9 @@ class Job:
     # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
     def _on_hello(self, msg: P.Hello, payload, answer) -> None:
         self.outcome.device = msg.device
-        self.outcome.grader_error = _imported_from(self.lib, msg) or self.outcome.grader_error
+        iso = self.running.sandbox if self.running is not None else isolation.Isolation()
+        refused = _not_as_the_grader(self.lib, msg, iso)
+        self.outcome.grader_error = f"not graded: {refused}" if refused else self.outcome.grader_error
 
     def _on_phase(self, msg: P.Phase | P.Start, payload, answer) -> None:
         self.outcome.phase = msg.what[:200]
@@ -603,6 +652,8 @@ class Job:
             self.outcome.protocol_error = f"a malformed {kind.value!r} message on the result channel ({exc})"[:300]
             return True
         self.HANDLERS[type(message)](self, message, payload, answer)
+        if isinstance(message, P.Hello) and self.outcome.grader_error:  # a child that cannot grade as the grader
+            return True
         return self.outcome.done or self.outcome.protocol_error is not None
 
     # ---- running

@@ -37,7 +37,8 @@ MAX_PAYLOAD = 4 << 30
 class Kind(str, enum.Enum):
     """What a frame says, in the order a job sends them."""
 
-    HELLO = "hello"  # started: device, pid, and where labkit was imported from (its private copy)
+    HELLO = "hello"  # started: device, pid, where labkit was imported from (its private copy), the versions it
+    # imports (a probe child sends this frame and DONE only: labkit.grading.job.probe)
     PHASE = "phase"  # what it does now (loading, timing the reference): for a timeout's message
     LOAD_ERROR = "load_error"  # the student's kernel cells did not load: nothing else follows
     LOADED = "loaded"  # the student's VARIANTS as found, what is wrong with them, what the own-kernels scan found;
@@ -286,6 +287,10 @@ class Hello(Message):
     simulated: bool
     pid: int
     labkit: str  # where the child imported labkit from
+    # the versions of numpy, numba, numba-cuda, cupy and labkit the child imports, and the folders they come from
+    # (labkit.grading.environment.imported): the parent compares them with its own before anything is graded
+    versions: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    origins: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @_message(Kind.PHASE)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import device
+from .. import device, outputs
 from ..stages import STAGES, label, solutions_folder
 from . import environment, isolation, scoring
-from .job import Job, ReferenceTiming, reference_job
+from .job import Job, ReferenceTiming, probe, reference_job
 from .plan import References, StagePlan, plan_stage
 from .reports import merge_reports, write_reports
 from .rubric import GradeError, Rubric, load_rubric
@@ -186,6 +186,17 @@ class Context:
         return (ref if plan.measured or ref.error else None), round(limit)
 
 
+def sandbox_refusal(iso: isolation.Isolation, private: dict, memory_mb: int = 0,
+                    env_extra: dict | None = None) -> str:
+    """Why no job could be graded in ``iso`` here, in one line ("" when they can), found before any job: the
+    sandbox cannot start (docker without its daemon), the grader's PYTHONPATH holds what a student must not read
+    (``private``: {what: path}), or a probe child in it imports other versions than the grader (``job.probe``)."""
+    why = iso.unusable()
+    if not why and iso.python_path():
+        why = isolation.python_path_refusal(private)
+    return why or probe(iso, memory_mb, env_extra) or ""
+
+
 def missing_row(student: str, plan: StagePlan, seed: int, where: str, searched: bool) -> dict:
     row = scoring.empty_row(student, plan.stage, plan)
     row.update(status="missing", seed=seed, message=f"missing stage: no {plan.stage.notebook} in {where}"
@@ -300,6 +311,10 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
 
     if jobs < 1:
         raise GradeError("--jobs must be at least 1")
+    try:  # a folder the reports cannot go to is found now, not after grading the class
+        outputs.writable_folder(out, "--out")
+    except outputs.OutputError as exc:
+        raise GradeError(str(exc)) from None
     cores = os.cpu_count() or 1
     if jobs > cores:
         raise GradeError(f"--jobs {jobs}: this machine has {cores} processor core{'s' * (cores > 1)}; more jobs than "
@@ -335,6 +350,12 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
 
         parse_cluster(cluster)  # a typo is refused before anything runs
     iso = isolation.choose(sandbox, unsandboxed)  # refused in one line where there is no sandbox
+    private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
+               "the solutions": solutions.resolve()}
+    refused = sandbox_refusal(iso, private, rub.base["limits"]["memory_mb"],
+                              {"CUDA_VISIBLE_DEVICES": str(gpu_list[0])} if gpu_list else None)
+    if refused:
+        raise GradeError(f"nothing was graded: {refused}")
     numbers = [s.number for s in chosen]
     ctx = Context(numbers, rub, solutions, gpu, simulated, iso)
     plans = ctx.plans
@@ -361,7 +382,7 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         from .cluster import run_on_cluster
 
         spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
-                "sandbox": iso.describe()}
+                "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()}}
         rows, where = run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
                                      lambda task, why: grader_error_row(ctx, task, why))
     else:

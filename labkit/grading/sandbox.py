@@ -59,17 +59,19 @@ def private_solutions(src: Path, dest: Path, stage: str | None = None, reference
     return copied
 
 
-def job_view(job: dict, folder: Path, env: dict, memory_mb: int = 0) -> isolation.View:
+def job_view(job: dict, folder: Path, env: dict, memory_mb: int = 0, python_path=()) -> isolation.View:
     """What a job's child may read in its sandbox: its private labkit, the notebook it runs (its submission's copy),
-    its inputs and the tuning file it is told of, and of the private solutions only earlier stages' (the graded
-    stage's too only where the child times the reference); it writes ``folder/work`` only."""
+    its inputs and the tuning file it is told of, of the private solutions only earlier stages' (the graded stage's
+    too only where the child times the reference), and the ``python_path`` folders its sandbox binds (the grader's
+    PYTHONPATH, after its labkit on its path); it writes ``folder/work`` only."""
     read = [folder / "lib", *(Path(job[k]) for k in ("notebook", "student_notebook", "inputs", "tuning") if job.get(k))]
     stage = str(job["stage"])
     ref = Path(job["reference_notebook"]) if job.get("timing") and job.get("reference_notebook") else None
     read += [f for f in sorted((folder / "solutions").glob("*.ipynb")) if f.name[:2] < stage or f == ref]
+    read += [Path(p) for p in python_path]
     scratch = folder / "work"
     return isolation.View(tuple(dict.fromkeys(str(p) for p in read if p.exists())), str(scratch),
-                          isolation.child_env(env, str(scratch), str(folder / "lib")), memory_mb)
+                          isolation.child_env(env, str(scratch), str(folder / "lib"), python_path), memory_mb)
 
 
 class Guard:
@@ -250,7 +252,7 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
         if sandbox.mode == "none":
             view = isolation.View((), str(folder / "work"), env, memory_mb)
         else:
-            view = job_view(job, folder, env, memory_mb)
+            view = job_view(job, folder, env, memory_mb, sandbox.python_path())
         if inside_fd is None:  # the pipe is handed down
             child = sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(wfd,))
         else:  # the container's stdout carries the results

@@ -22,7 +22,9 @@ Outputs go back RAW through the pipe (``labkit.grading.protocol``); the grader c
 reference in its own process. Student prints go to this process's stdout/stderr, which the grader keeps apart.
 
 ``python -m labkit.grading.worker --describe NOTEBOOK --json OUT`` (trusted solution notebooks only) writes what
-the notebook's VARIANTS declare (``protocol.VariantSpec`` each).
+the notebook's VARIANTS declare (``protocol.VariantSpec`` each). A probe (``{"probe": true, "fd": N}`` on stdin, in
+the run's sandbox before any job: ``labkit.grading.job.probe``) sends its ``Hello`` (device, the versions it
+imports) and ends.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ from ..nets import Layer, Net, get_net  # noqa: E402
 from ..stages import STAGES, Variant  # noqa: E402
 
 STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
-from . import ownership  # noqa: E402
+from . import environment, ownership  # noqa: E402
 from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
 
@@ -501,8 +503,7 @@ class Job:
 
     def run(self) -> None:
         job = self.job
-        self.send(P.Hello(device=device.label(self.info), kind=self.info.kind, simulated=self.info.simulated,
-                          pid=os.getpid(), labkit=os.path.dirname(os.path.abspath(engine.__file__))))
+        self.send(hello(self.info))
         self.student_code = True
         student = StudentPhases(self)
         # the phases that settle the status (what the code computes, with what, and whether it patches the grader)
@@ -788,6 +789,13 @@ def describe(notebook: str, out: str) -> None:
         json.dump({"variants": desc, "order": list(variants)}, fh)
 
 
+def hello(info) -> P.Hello:
+    """The first frame: this child's device, where it imported labkit from and the versions it imports."""
+    versions, origins = environment.imported()
+    return P.Hello(device=device.label(info), kind=info.kind, simulated=info.simulated, pid=os.getpid(),
+                   labkit=os.path.dirname(os.path.abspath(engine.__file__)), versions=versions, origins=origins)
+
+
 def _last_launch_note():
     """A function that writes a launched kernel's name over the last (one system call a launch, on a GPU only)."""
     try:
@@ -816,6 +824,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdin = open(os.devnull)  # noqa: SIM115 - for the process's lifetime
     chan = _Channel(int(raw["fd"]))
     try:
+        if raw.get("probe"):  # labkit.grading.job.probe: the sandbox starts a child, and what it imports; no job
+            chan.send(hello(device.info()))
+            chan.send(P.Done())
+            os._exit(0)
         job = P.JobSpec.from_json(raw)
         _set_limits(job)
         _use_tuning(job)
