@@ -378,7 +378,7 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
 
 
 #: the quiet device's probe (``Job.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
-QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.05, 10.0
+QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.10, 10.0
 
 
 # ------------------------------------------------------------------------------------------------- the job
