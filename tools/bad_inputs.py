@@ -130,6 +130,22 @@ def _empty(tmp: Path) -> Path:
     return tmp / "empty"
 
 
+def _release_10(tmp: Path) -> Path:
+    """A folder as milestone 10's release leaves it: its manifest and its notebooks."""
+    folder = tmp / "course"
+    (folder / "labkit" / "given").mkdir(parents=True)
+    (folder / "labkit" / "given" / "manifest.json").write_text(json.dumps(
+        {"milestone": "10", "released": [f"{n:02d}" for n in range(10)],
+         "files": {f"{n:02d}": f"{n:02d}.py" for n in range(1, 10)}}))
+    (folder / "notebooks").mkdir()
+    (folder / "notebooks" / "10_whole_job.ipynb").write_text("{}")
+    return folder
+
+
+def _show(call: str) -> list[str]:
+    return [sys.executable, "-c", f"import matplotlib; matplotlib.use('Agg'); import labkit as lk; {call}"]
+
+
 BENCH = ["bench", "--stages", "01", "--nets", "cifar10", "--images", "2", "--repeat", "1", "--no-baselines"]
 
 CASES = [
@@ -192,6 +208,34 @@ CASES = [
     Case("lab_as_root", "`lab` as root (no --allow-root)",
          lambda t, c: ["lab", "--notebooks", str(c / "notebooks"), "--no-browser", "--port", "18932"],
          pick=r"allow-root|^Error", timeout=60),
+    Case("grade_out_proc", "`grade --out /proc/nope` (nothing can be made there, even as root)",
+         lambda t, c: ["grade", str(_sub(t, c)), "--out", "/proc/nope", "--no-progress"]),
+    Case("run_record_proc", "`run --record /proc/nope.jsonl`",
+         lambda t, c: ["run", "--images", "2", "--synthetic", "--record", "/proc/nope.jsonl"]),
+    Case("bench_out_proc", "`bench --out /proc/nope`", lambda t, c: [*BENCH, "--out", "/proc/nope"]),
+    Case("fetch_root_proc", "`data fetch --root /proc/nope`",
+         lambda t, c: ["data", "fetch", "cifar10", "--root", "/proc/nope"]),
+    Case("release_out_proc", "`release /proc/nope`", lambda t, c: ["release", "/proc/nope", "--upto", "01"]),
+    Case("release_below_milestone", "`release --upto 06` onto milestone 10's release",
+         lambda t, c: ["release", str(_release_10(t)), "--upto", "06"]),
+    Case("release_verify_empty", "`release --verify` of an empty folder",
+         lambda t, c: ["release", "--verify", str(_empty(t)), "--upto", "05"]),
+    Case("grade_docker_no_daemon", "`grade --sandbox docker` where docker has no daemon",
+         lambda t, c: ["grade", str(_sub(t, c)), "--sandbox", "docker", "--out", str(t / "grades"), "--no-progress"],
+         env=lambda t: {"LABKIT_SANDBOX_IMAGE": "course/labkit:1"}),
+    Case("grade_pythonpath_holds_submissions", "`grade` with a PYTHONPATH entry holding the submissions",
+         lambda t, c: ["grade", str(_sub(t, c)), "--out", str(t / "grades"), "--no-progress"],
+         env=lambda t: {"PYTHONPATH": str(t)}),
+    Case("show_block_out_of_range", "`lk.show` of a block the launch does not have",
+         lambda t, c: _show("lk.show(lk.from_stage('05').conv_tiled_8, block=(5, 5))"), whole=True,
+         env=lambda t: {"NUMBA_ENABLE_CUDASIM": "1"}),
+    Case("show_element_out_of_range", "`lk.show` of an element outside the output",
+         lambda t, c: _show("lk.show(lk.from_stage('05').conv_tiled_8, element=(0, 0, 40, 40))"), whole=True,
+         env=lambda t: {"NUMBA_ENABLE_CUDASIM": "1"}),
+    Case("info_cuda_c", "`info`: where CUDA C runs without a GPU", lambda t, c: ["info"], pick=r"^CUDA C:"),
+    Case("info_ece408", "`info`: the ece408 model", lambda t, c: ["info"], pick=r"^model ece408"),
+    Case("info_labkit_data_file", "`info` with `LABKIT_DATA` naming a file", lambda t, c: ["info"],
+         env=lambda t: {"LABKIT_DATA": str(_text(t))}, pick=r"^data: LABKIT_DATA"),
     Case("version", "`--version` and the version reports record",
          lambda t, c: _version_check(c), whole=True),
     Case("readme_tests", "README: how long the tests take, how to see skip reasons",
@@ -208,7 +252,10 @@ def run_case(case: Case, checkout: Path, timeout: float) -> tuple[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("LABKIT_DATA", "LABKIT_RESULTS")}
         env.update(PYTHONPATH=str(checkout), LABKIT_DATA=str(tmp / "nodata"), PYTHONWARNINGS="default",
                    LABKIT_RESULTS=str(tmp / "results"))
-        env.update(case.env(tmp))
+        extra = case.env(tmp)
+        if "PYTHONPATH" in extra:  # the case's entries after the checkout's
+            extra["PYTHONPATH"] = os.pathsep.join([str(checkout), extra["PYTHONPATH"]])
+        env.update(extra)
         args = case.args(tmp, checkout)
         cmd = args if case.whole else [sys.executable, "-m", "labkit", *args]
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
