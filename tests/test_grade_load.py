@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from labkit.grading import isolation, sandbox, scoring
+from labkit.grading.cores import Cores, affinity
 from labkit.grading.turns import WHOLE, Running, Turns
 
 
@@ -301,3 +302,100 @@ def test_rows_that_are_the_graders_error_make_the_run_fail_with_the_command_that
     assert "2 rows are the grader's own error, not the student's; grade them again with:" in result.output
     assert (f"labkit grade {tmp_path / 'class'} --students ben,cho --stages 05 --out {tmp_path / 'out'} --merge "
             f"--seed 77 --rubric class.toml") in result.output
+
+
+class PinningSandbox(FakeSandbox):
+    """Records where each child's processes are moved as well."""
+
+    def __init__(self):
+        super().__init__()
+        self.pins: list[tuple[int, set]] = []
+
+    def pin(self, child, cores):
+        self.pins.append((child, set(cores)))
+
+
+def test_a_gpu_timing_runs_its_turn_on_a_core_kept_free_and_goes_back_after():
+    box = PinningSandbox()
+    turns = Turns(Cores(2, allowed=[0, 1, 2, 3], siblings=lambda c: {c}))
+    assert turns.cores.reserved == [2, 3] and turns.cores.others == {0, 1}
+    a, b, cpu = _running(box, "gpu0", 1), _running(box, "gpu1", 2), _running(box, "gpu0", 3)
+    a.kept_core = b.kept_core = True  # cpu: a timed variant of CPU code is left on the shared cores
+    for r in (a, b, cpu):
+        turns.started(r)
+    turns.acquire(a, "gpu0")
+    turns.acquire(b, "gpu1")  # turns on two GPUs at once: a kept core each
+    assert box.pins == [(1, {2}), (2, {3})]
+    turns.release(a)
+    assert box.pins[-1] == (1, {0, 1})  # back with everything else
+    turns.acquire(cpu, "gpu0")
+    assert len(box.pins) == 3  # not moved
+    turns.release(cpu)
+    turns.release(b)
+    assert box.pins[-1] == (2, {0, 1}) and turns.cores.take() in (2, 3)  # every kept core given back
+
+
+def test_a_reference_jobs_turn_is_taken_before_its_child_starts_and_pins_it_when_it_does():
+    box = PinningSandbox()
+    turns = Turns(Cores(1, allowed=[0, 1], siblings=lambda c: {c}))
+    ref = Running(box, "gpu0")
+    ref.kept_core = True
+    turns.acquire(ref, WHOLE)  # hold(): no child yet
+    assert box.pins == []
+    ref.child = 7
+    turns.started(ref)
+    assert box.pins == [(7, {1})]
+    turns.release(ref)
+    assert box.pins[-1] == (7, {0})
+
+
+def test_too_few_cores_keep_none_and_say_why():
+    cores = Cores(2, allowed=[0, 1], siblings=lambda c: {c})
+    assert cores.reserved == [] and "2 core(s) for 2 device(s)" in cores.why and cores.take() is None
+
+
+def test_a_kept_cores_multithreading_siblings_are_kept_idle():
+    pairs = {c: {c % 8, c % 8 + 8} for c in range(16)}  # 8 cores, 2 threads each: 0 and 8 share a core
+    cores = Cores(2, allowed=list(range(16)), siblings=pairs.__getitem__)
+    assert cores.reserved == [14, 15] and cores.idle == {6, 7} and cores.others == set(range(6)) | {8, 9, 10, 11, 12, 13}
+    assert Cores(1, allowed=[0, 8], siblings=pairs.__getitem__).reserved == []  # one core: none kept, the rest would have none
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="keeping a core free needs two cores and Linux's processor affinity")
+def test_the_kept_core_holds_the_whole_child_and_the_grader_stays_off_it(tmp_path):
+    original = set(os.sched_getaffinity(0))
+    cores = Cores(1, allowed=sorted(original))
+    if not cores.reserved:
+        pytest.skip(f"this machine keeps no core free: {cores.why}")
+    kept = cores.reserved[0]
+    allowed = sorted(cores.others | {kept})  # a sibling kept idle is on neither side
+    iso = isolation.Isolation()
+    code = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\ntime.sleep(60)\n"
+    cores.start()
+    try:
+        assert affinity(os.getpid()) == set(allowed) - {kept}  # the grader's threads (and children) off the kept core
+        view = isolation.View((), str(tmp_path), isolation.child_env(dict(os.environ), str(tmp_path), None))
+        child = iso.spawn([sys.executable, "-c", code], view, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while len(os.listdir(f"/proc/{child.proc.pid}/task")) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            turns = Turns(cores)
+            r = Running(iso, "gpu0")
+            r.child, r.kept_core = child, True
+            turns.started(r)
+            assert _threads_affinity(child.proc.pid) == [set(allowed) - {kept}] * 2  # inherited from the grader
+            turns.acquire(r, "gpu0")
+            assert _threads_affinity(child.proc.pid) == [{kept}] * 2  # every thread of it
+            turns.release(r)
+            assert _threads_affinity(child.proc.pid) == [set(allowed) - {kept}] * 2
+        finally:
+            iso.stop(child)
+    finally:
+        cores.stop()
+    assert affinity(os.getpid()) == original
+
+
+def _threads_affinity(pid: int) -> list[set]:
+    return [os.sched_getaffinity(int(t)) for t in sorted(os.listdir(f"/proc/{pid}/task"))]

@@ -43,6 +43,7 @@ import uuid
 from pathlib import Path
 
 from .. import cudacpu
+from .cores import set_affinity
 from .rubric import GradeError
 
 MODES = ("bwrap", "apptainer", "docker")
@@ -310,6 +311,10 @@ class Isolation:
         if stop:  # a signal takes effect when its process next runs: a turn starts once they all have
             _wait_stopped(done)
 
+    def pin(self, child: Child, cores: set[int]) -> None:
+        """Every thread of every process of the job onto ``cores`` (a turn's kept core, and back)."""
+        set_affinity(self.processes(child), cores)
+
 
 
 class Sandboxed(Isolation):
@@ -518,6 +523,9 @@ class Docker(Container):
                 pass
         kill_tree(child.proc)
         return []
+
+    def pin(self, child: Child, cores: set[int]) -> None:
+        """The container's processes belong to the engine: left where it runs them (docs/grading.md)."""
 
     def pause(self, child: Child, stop: bool) -> None:
         """The engine runs the container: ``docker pause`` (the cgroup freezer) or ``docker unpause``."""

@@ -622,6 +622,7 @@ class Job:
             o.timing_error = msg.error
             return
         o.timing_runs, o.timing_method, o.quiet_s = self._runs(msg.runs), msg.method, msg.quiet_s
+        o.quiet_probe = msg.probe
         preds = self._predictions(payload, o.timing_runs)
         o.timing_mismatches = mismatches(expected_passes(self.refs, self.plan, self._pass_images), preds) \
             if preds else None
@@ -679,6 +680,7 @@ class Job:
         folder, self.lib, solutions, guard = _private_folder(self.plan)
         iso = self.sandbox if self.sandbox is not None else isolation.choose()
         self.running = Running(iso, self.device)
+        self.running.kept_core = self.gpu and self.plan.variants[self.plan.timed].target == "gpu"
         try:
             student_nb = folder / "student" / self.notebook.name
             shutil.copyfile(self.notebook, student_nb)

@@ -401,6 +401,7 @@ class Timing(Message):
     error: str | None = None
     trace: Trace | None = None
     quiet_s: float = 0.0  # on a GPU, how long the turn waited for work the stopped jobs had queued to drain
+    probe: dict = dataclasses.field(default_factory=dict)  # on a GPU, the quiet probe's samples (the row keeps them)
 
 
 @_message(Kind.TAMPERED)

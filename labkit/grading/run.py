@@ -25,6 +25,7 @@ import numpy as np
 from .. import device, outputs
 from ..stages import STAGES, label, solutions_folder
 from . import environment, isolation, scoring
+from .cores import Cores
 from .job import Job, ReferenceTiming, probe, reference_job
 from .plan import References, StagePlan, plan_stage
 from .reports import merge_reports, write_reports
@@ -387,7 +388,15 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                                      lambda task, why: grader_error_row(ctx, task, why))
     else:
         workers = max(jobs, len(gpu_list)) if gpu_list else jobs
-        rows = run_local(tasks, workers, lambda task, env: grade_task(ctx, task, env), gpu_list, on_row)
+        # on a GPU, each device's timed phase gets a core the grader keeps free (labkit.grading.cores)
+        ctx.turns.cores = Cores(len(gpu_list) if gpu_list else 1) if gpu else None
+        if ctx.turns.cores is not None:
+            ctx.turns.cores.start()
+        try:
+            rows = run_local(tasks, workers, lambda task, env: grade_task(ctx, task, env), gpu_list, on_row)
+        finally:
+            if ctx.turns.cores is not None:
+                ctx.turns.cores.stop()
         where = (f"this machine, {workers} job{'s' * (workers > 1)} at a time over GPU "
                  f"{', '.join(map(str, gpu_list))}" if gpu_list
                  else f"this machine, {jobs} job{'s' * (jobs > 1)} at a time")
@@ -416,7 +425,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                      for n, p in plans.items()},
         "single_submission": single,
         "turns": {**ctx.turns.summary(), "rule": "each timed phase ran while every other job was stopped, and "
-                  "each reference job alone; time stopped or waiting never counted against a job's limit"},
+                  "each reference job alone; time stopped or waiting never counted against a job's limit",
+                  **({"cores": ctx.turns.cores.describe()} if ctx.turns.cores is not None else {})},
         "jobs": {"requested": jobs, "cores": os.cpu_count() or 1},
     }
     report = {"meta": meta, "rows": rows}

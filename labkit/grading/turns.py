@@ -10,6 +10,8 @@ whole run, so its time is measured alone.
 
 Time a job spends stopped, or waiting for its turn, never counts against its limit: each ``Running`` keeps it, and
 the sandbox's deadline moves by it. Turns coordinate the jobs of one process (the parent, or one cluster worker).
+With ``cores`` (``labkit.grading.cores``), the holder runs its turn on a core the grader keeps free of everything
+else, its own threads included.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from contextlib import contextmanager
 
 from . import isolation
+from .cores import Cores
 
 #: the device name of a turn on the whole machine (a reference job)
 WHOLE = None
@@ -32,6 +35,7 @@ class Running:
         self.sandbox, self.device = sandbox, device
         self.child: isolation.Child | None = None
         self.frozen = False
+        self.kept_core = False  # its timing is a GPU's: its turn runs on a kept core (Turns.cores)
         self._paused = 0.0
         self._since: float | None = None  # the current pause's start (stopped, or waiting for a turn, or both)
         self._depth = 0
@@ -76,10 +80,12 @@ class Turns:
     """The turns of one grading process: ``started``/``ended`` register every child, ``acquire``/``release`` a timed
     phase's turn (``hold`` for a whole job)."""
 
-    def __init__(self):
+    def __init__(self, cores: Cores | None = None):
         self._cond = threading.Condition()
         self._live: set[Running] = set()
         self._holders: dict[Running, str | None] = {}
+        self.cores = cores
+        self._core: dict[Running, int | None] = {}  # the kept core each holder runs its turn on
         self.log: list[dict] = []  # one entry a turn: who, which device, how long it waited and held, who it stopped
 
     def started(self, r: Running) -> None:
@@ -88,6 +94,8 @@ class Turns:
             self._live.add(r)
             if self._holders and r not in self._holders:
                 r.freeze()
+            elif r in self._holders:  # a reference job's turn is taken before its child starts
+                self._pin(r, {self._core[r]} if self._core.get(r) is not None else None)
 
     def ended(self, r: Running) -> None:
         """A child's processes are gone: nothing to stop or continue any more, and a turn it held is over."""
@@ -122,6 +130,8 @@ class Turns:
             stopped = [o for o in self._live if o not in self._holders and not o.frozen]
             for other in stopped:
                 other.freeze()
+            self._core[r] = self.cores.take() if self.cores is not None and r.kept_core else None
+            self._pin(r, {self._core[r]} if self._core[r] is not None else None)
             waited = time.monotonic() - start
             self.log.append({"device": device if device is not WHOLE else "whole machine", "waited_s": waited,
                              "stopped": len(stopped), "start": time.monotonic(), "holder": id(r)})
@@ -134,6 +144,10 @@ class Turns:
     def _release(self, r: Running) -> None:
         if self._holders.pop(r, "absent") == "absent":
             return
+        core = self._core.pop(r, None)
+        if core is not None:
+            self._pin(r, self.cores.others)
+            self.cores.give(core)
         for entry in reversed(self.log):
             if entry["holder"] == id(r) and "held_s" not in entry:
                 entry["held_s"] = time.monotonic() - entry["start"]
@@ -142,6 +156,10 @@ class Turns:
             for other in self._live:
                 other.thaw()
         self._cond.notify_all()
+
+    def _pin(self, r: Running, cores: set[int] | None) -> None:
+        if cores and r.child is not None:
+            r.sandbox.pin(r.child, cores)
 
     @contextmanager
     def hold(self, r: Running, device: str | None = WHOLE):

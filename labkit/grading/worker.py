@@ -71,6 +71,38 @@ from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
 
 
+def quiet_samples(n: int = 8, burst: int = 32) -> dict:
+    """How the device answers now, two ways: an empty kernel's round trip timed on the host (it waits for another
+    context's time slice), and ``burst`` empty kernels between two events (each waits behind another context's
+    kernels); microseconds, ``n`` of each."""
+    empty = _empty_kernel()
+    empty[1, 1]()
+    _cuda_synchronize()
+    trips, bursts = [], []
+    for _ in range(n):
+        t = _perf_counter()
+        empty[1, 1]()
+        _cuda_synchronize()
+        trips.append(round((_perf_counter() - t) * 1e6, 1))
+        start, end = _cuda_event(timing=True), _cuda_event(timing=True)
+        start.record()
+        for _ in range(burst):
+            empty[1, 1]()
+        end.record()
+        end.synchronize()
+        bursts.append(round(_cuda_elapsed(start, end) * 1e3, 1))
+    return {"trip_us": trips, "burst_us": bursts}
+
+
+@functools.cache
+def _empty_kernel():
+    @_cuda.jit
+    def empty():
+        pass
+
+    return empty
+
+
 def _probe_kernel():
     """One thread sleeping ``us`` microseconds: on a device another context keeps busy it takes longer (the device
     time-slices between contexts), so it tells when the device runs nothing but this child's work."""
@@ -440,14 +472,14 @@ class Job:
 
         return make_clock, "cuda-events" if events else "perf_counter"
 
-    def wait_quiet(self, limit_s: float = QUIET_LIMIT_S) -> float:
+    def wait_quiet(self, limit_s: float = QUIET_LIMIT_S) -> tuple[float, dict]:
         """On a GPU, once the turn is held: wait until the device runs nothing else. The other jobs are stopped,
         but the work they had queued still runs to its end, the device time-slicing between contexts (on an H100
         that stretched the timed passes up to 3x, for about a tenth of a second). A probe that sleeps a fixed time
         is timed until the last ``QUIET_RUNS`` take within ``QUIET_SPREAD`` of the shortest seen; at most
-        ``limit_s``. The seconds waited (the row keeps them)."""
+        ``limit_s``. The seconds waited, and the probes' samples (the row keeps them: ``quiet_samples``)."""
         if self.info.kind != "gpu":
-            return 0.0
+            return 0.0, {}
         probe, t0, seen = _probe_kernel(), _perf_counter(), []
         while _perf_counter() - t0 < limit_s:
             start, end = _cuda_event(timing=True), _cuda_event(timing=True)
@@ -459,7 +491,8 @@ class Job:
             last = seen[-QUIET_RUNS:]
             if len(seen) > QUIET_RUNS and max(last) <= (1 + QUIET_SPREAD) * min(seen):
                 break
-        return _perf_counter() - t0
+        waited = _perf_counter() - t0
+        return waited, {"sleep_ms": [round(v, 3) for v in seen[-12:]], "before": quiet_samples()}
 
     def timed_passes(self, variant: Variant, tracer: ownership.Tracer | None) -> tuple[list, list]:
         """``warmup`` untimed passes on one image, then one timed pass on each of the job's pass inputs (fresh
@@ -723,7 +756,7 @@ class StudentPhases:
         ctx.send(P.Turn(when))  # wait until every other job is stopped (labkit.grading.turns)
         if ctx.answer() is not P.Answer.CONTINUE:
             return False
-        quiet = ctx.wait_quiet()
+        quiet, probe = ctx.wait_quiet()
         ctx.send(P.Start(when))
         ctx.records.clear()
         try:
@@ -735,8 +768,10 @@ class StudentPhases:
             ctx.send(P.Timing(error=describe_exception(exc, "the timed run")))
             return True
         ctx.compare(f"during {when}")
+        if probe:
+            probe["after"] = quiet_samples()
         ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1], trace=_summary(ctx.records),
-                          quiet_s=quiet), _pass_arrays(preds))
+                          quiet_s=quiet, probe=probe), _pass_arrays(preds))
         return True
 
     # --- the stage's tasks with checks of their own (labkit.tasks: stage 10's graph replay and pipeline)
