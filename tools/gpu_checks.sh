@@ -16,7 +16,7 @@ step() {
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
 }
 want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
-WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tctests tc tcexplore nb10 bench nbruns load gradetests
+WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tctests tc tcexplore nb10 bench nbruns load spread gradetests
 want sandbox && step sandbox "$PY" tools/sandbox_gpu_check.py --out "$OUT/files/sandbox"
 want cudac && [ -f tools/cuda_c_wrong_kernels.py ] && step cudac "$PY" tools/cuda_c_wrong_kernels.py --out "$OUT/files/cudac"
 want tests && step tests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rs \
@@ -48,6 +48,9 @@ want nbruns && step nbruns "$PY" tools/execute_solutions.py --gpu --runs ${NB_RU
 want load && step load "$PY" tools/load_grading.py "${LOAD_DIR:-$OUT/files/load}" --jobs ${LOAD_JOBS:-14} \
   --runs ${LOAD_RUNS:-3} --stages ${LOAD_STAGES:-05,10} --load ${LOAD_COPIES:-0} ${LOAD_STUDENTS:+--students $LOAD_STUDENTS} \
   ${LOAD_ONLY:+--only $LOAD_ONLY}
+# issue 32's open point: does one process launch slower than another because of its hash seed, its address layout, or
+# the core's own speed (tools/launch_spread.py)
+want spread && step spread "$PY" tools/launch_spread.py --processes ${SPREAD_PROCESSES:-8} --out "$OUT/files/spread"
 want gradetests && step gradetests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs \
   tests/test_grade_load.py tests/test_stream_order.py tests/test_streams.py tests/test_tasks.py
 tar czf "$OUT/all.tgz" -C "$OUT" files
