@@ -30,7 +30,7 @@ from . import bench_whole, ceilings, cudnn, device, gpu, reference, stages, tens
 from .check import check_variant
 from .engine import run
 from .ledger import Ledger, repo_root
-from .nbcells import NotebookError
+from .nbcells import NotebookError, notebook_name
 from .report import RunReport
 from .weights_io import NOT_SHIPPED, course_weights
 from .workloads import workload
@@ -106,7 +106,11 @@ def _cells(path: Path, tagged_cells) -> list:
 
 
 def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
-    paths = sorted(notebooks.glob("*.ipynb"))
+    """The folder's notebooks to run, in order: a notebook whose source lies beside it (a solution's NN_topic.py,
+    ``labkit.nbcells``) as that source, the others as they are."""
+    from .nbcells import source_of
+
+    paths = [source_of(p) if source_of(p).is_file() else p for p in sorted(notebooks.glob("*.ipynb"))]
     if selected:
         paths = [p for p in paths if p.name[:2] in selected]
     return paths
@@ -260,7 +264,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
         checks = [] if skipped or variant.unavailable() else check_variant(variant, net, quiet=True, done=checked)
         failed = [str(c) for c in checks if not c.passed]
         for n in sizes(net):
-            row = {"stage": label, "notebook": path.name, "variant": name, "net": net, "images": n,
+            row = {"stage": label, "notebook": notebook_name(path), "variant": name, "net": net, "images": n,
                    "target": variant.target, "arrays": variant.arrays, "per_image": variant.per_image,
                    "checks": "-" if skipped else "PASS" if not failed else "FAIL", "check_failures": failed}
             slow, limit = _slow_kind(variant), capped_at(variant)

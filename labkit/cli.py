@@ -155,7 +155,8 @@ def _csv_list(value: str | None) -> list[str] | None:
 @click.option("--images", default=None, help="Image counts, comma-separated (e.g. 1200,50000; default: each net's own "
               "workloads: 1200,50000 for cifar10 and 100,1000,10000 for fashion and ece408).")
 @click.option("--notebooks", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Folder of stage notebooks (default: solutions/).")
+              help="Folder of stage notebooks (default: solutions/, whose notebooks run from their sources, "
+                   "NN_topic.py).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for ledger.jsonl, bench.csv, bench.json, summary.md and plots (default: results/scratch); "
                    "one that holds results is refused unless --force or --append.")

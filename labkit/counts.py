@@ -71,12 +71,12 @@ def table(rows: list[Counts], predicted: dict[str, float] | None = None, title: 
 
 
 def _notebook_for(stage: str) -> Path:
-    """The stage's notebook as the student last saved it (Jupyter's working folder), else the kit's solution."""
-    from .stages import STAGES, solutions_folder
+    """The stage's notebook as the student last saved it (Jupyter's working folder), else the kit's solution (its
+    source, ``stages.solution``)."""
+    from .stages import STAGES, solution
 
-    name = STAGES[stage].notebook
-    here = Path.cwd() / name
-    return here if here.exists() else solutions_folder() / name
+    here = Path.cwd() / STAGES[stage].notebook
+    return here if here.exists() else solution(stage)
 
 
 def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2",
@@ -99,7 +99,8 @@ def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2"
 
     spec = get_net(net)
     shape = "x".join(map(str, layer_input_shape(spec, spec.layer(layer))))
-    source = "" if simulator.active() else f", counted under the simulator on {_notebook_for(stage).name} as saved"
+    saved = _notebook_for(stage).with_suffix(".ipynb").name  # a solution's source: its notebook's name
+    source = "" if simulator.active() else f", counted under the simulator on {saved} as saved"
     print(table(rows, predicted, f"{layer} of {net}, shrunk input {shape}, 1 image{source}"))
     return rows
 

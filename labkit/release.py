@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import given, nbcells
-from .stages import REPO, STAGES, STUB_MARK
+from .stages import REPO, STAGES, STUB_MARK, solution
 
 MIN_CHARS = 12  # shorter solution lines ("return out", "acc = 0.0") are too common to mean anything
 KIT_LINES = 2  # lines of one stage's solutions in one file of the kit's own Python before they count (``_copied``)
@@ -391,14 +391,15 @@ cells tagged `kernel` in your notebooks, on inputs of its own, so keep your kern
 
 
 def _given_code(repo: Path, out: Path, milestone: str) -> dict[str, str]:
-    """labkit/given/: each earlier stage's kernel cells as a file, and the manifest that makes this a release."""
+    """labkit/given/: each earlier stage's kernel cells (from its solution's source, NN_topic.py) as a file, and the
+    manifest that makes this a release."""
     folder = out / "labkit" / "given"
     folder.mkdir(parents=True)
     files = {}
     for number, stage in STAGES.items():
         if number >= milestone:
             continue
-        cells = nbcells.tagged_cells(nbcells.read(_solution(repo, number)))
+        cells = nbcells.tagged_cells(nbcells.read(solution(number, _solution(repo, number).parent)))
         if cells:
             name = stage.notebook.replace(".ipynb", ".py")
             (folder / name).write_text(given.render(number, stage.notebook, stage.title, cells, milestone))

@@ -8,6 +8,9 @@ which layer, CPU or GPU code, where the data lives. The bench and the grader loa
 Code a student wrote in an earlier stage comes to later stages as given code: ``from_stage("02")`` loads the kernel
 cells of the kit's own solution of stage 02, so a bug left in a student's stage 02 cannot break their stage 04, and
 nobody writes the same kernel twice.
+
+The kit's solution of a stage is ``solutions/NN_topic.py``, the percent-format source of the notebook
+``NN_topic.ipynb`` beside it (``labkit.nbcells``): ``solution`` says which file the kit runs.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ class Stage:
     number: str
     notebook: str
     title: str
+
+    @property
+    def source(self) -> str:
+        """The notebook's source in solutions/: ``NN_topic.py`` (jupytext's percent format)."""
+        return nbcells.source_of(self.notebook).name
 
 
 STAGES = {
@@ -76,6 +84,15 @@ def speedup_baseline(labels) -> str:
 def solutions_folder() -> Path:
     """Where the kit's solution notebooks are: ``$LABKIT_SOLUTIONS`` (the grader's private copy), else the repo's."""
     return Path(os.environ.get("LABKIT_SOLUTIONS") or REPO / "solutions")
+
+
+def solution(number: str, folder: str | Path | None = None) -> Path:
+    """The file of the kit's solution of stage ``number`` whose code the kit runs: its source ``NN_topic.py`` in
+    ``folder`` (default ``solutions_folder()``), else, in a folder of notebooks only, the notebook ``NN_topic.ipynb``.
+    ``nbcells.load`` runs either, each cell under the notebook's name."""
+    folder = Path(folder) if folder is not None else solutions_folder()
+    source = folder / STAGES[number].source
+    return source if source.is_file() else folder / STAGES[number].notebook
 
 
 @dataclass(frozen=True)
@@ -178,12 +195,13 @@ def variants(stage: str, named: dict[str, Variant]) -> dict[str, Variant]:
 
 
 def stage_of(path: str | Path) -> Stage | None:
+    """The stage of a notebook or of a solution's source, by file name."""
     name = Path(path).name
-    return next((s for s in STAGES.values() if s.notebook == name), None)
+    return next((s for s in STAGES.values() if name in (s.notebook, s.source)), None)
 
 
 def load_variants(path: str | Path) -> dict[str, Variant]:
-    """Execute a notebook's kernel cells and return its ``VARIANTS``."""
+    """Execute a notebook's kernel cells (or a solution source's, ``.py``) and return its ``VARIANTS``."""
     ns = nbcells.load(path)
     found = ns.get("VARIANTS")
     if not isinstance(found, dict) or not found:
@@ -199,13 +217,19 @@ def load_variants(path: str | Path) -> dict[str, Variant]:
 _given: dict = {}
 
 
+def _released() -> bool:
+    """Whether given code comes from a release's ``labkit/given/`` (a student repository, no ``$LABKIT_SOLUTIONS``)."""
+    return not os.environ.get("LABKIT_SOLUTIONS") and given.manifest() is not None
+
+
 def given_source(number: str) -> Path:
     """Where stage ``number``'s given code comes from, the one rule: ``$LABKIT_SOLUTIONS`` when set (the grader's
     private copy); else, in a student repository built by ``labkit release`` (``labkit/given/manifest.json``), the
-    released file, or ``given.NotReleased`` for a stage whose deadline has not passed; else the repo's solutions/."""
-    if not os.environ.get("LABKIT_SOLUTIONS") and given.manifest() is not None:
+    released file, or ``given.NotReleased`` for a stage whose deadline has not passed; else the repo's solutions/.
+    In a solutions folder, the solution's source (``solution``: NN_topic.py, else the notebook)."""
+    if _released():
         return given.path_of(number)
-    return solutions_folder() / STAGES[number].notebook
+    return solution(number)
 
 
 def from_stage(number: str) -> types.SimpleNamespace:
@@ -220,7 +244,7 @@ def from_stage(number: str) -> types.SimpleNamespace:
         if not path.exists():
             raise nbcells.NotebookError(f"the kit's solution of stage {number} is missing ({path}): later stages "
                                         f"take their given code from it")
-        ns = given.load(path, STAGES[number].notebook) if path.suffix == ".py" else nbcells.load(path)
+        ns = given.load(path, STAGES[number].notebook) if _released() else nbcells.load(path)
         _given[key] = types.SimpleNamespace(**{k: v for k, v in ns.items() if not k.startswith("__")})
     return _given[key]
 

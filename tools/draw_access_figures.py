@@ -198,12 +198,12 @@ cuda = float32 = None  # numba's, imported by tiles_model: the simulator swaps a
 
 
 def solution_block_hash(stage: str, variable: str) -> str:
-    """sha256 of the CUDA C string ``variable`` (``NAME = r\"\"\"...\"\"\"``) in a stage's solution notebook: any
-    change to the source a model stands for shows in the digest."""
+    """sha256 of the CUDA C string ``variable`` (``NAME = r\"\"\"...\"\"\"``) in a stage's solution (its source,
+    NN_topic.py): any change to the source a model stands for shows in the digest."""
     from labkit import nbcells
-    from labkit.stages import STAGES, solutions_folder
+    from labkit.stages import solution
 
-    nb = nbcells.read(solutions_folder() / STAGES[stage].notebook)
+    nb = nbcells.read(solution(stage))
     for cell in nb.cells:
         found = re.search(rf'^{variable}\s*=\s*r?"""(.*?)"""', cell.source, re.M | re.S) if cell.cell_type == "code" \
             else None
@@ -315,15 +315,23 @@ def reference_line(scene: Scene) -> str:
 def insert(solutions: Path | None = None) -> list[str]:
     """Put each figure's reference at the end of its task's spec cell (the markdown cell with the task's
     ``## Task N`` heading) of the solution notebook; a reference already there is replaced, so running it twice
-    changes nothing. Returns the notebooks changed."""
+    changes nothing. The notebook's source (NN_topic.py) is written again from it (``jupytext --to py:percent``), so
+    the two stay in step; a pair out of step before is refused. Returns the notebooks changed."""
+    import subprocess
+
     import nbformat
 
+    from labkit import nbcells
     from labkit.stages import STAGES, solutions_folder
 
     solutions = solutions or solutions_folder()
     changed = []
     for stage in sorted({s.stage for s in SCENES}):
         path = solutions / STAGES[stage].notebook
+        paired = nbcells.source_of(path).is_file()
+        why = nbcells.out_of_step(path) if paired else ""
+        if why:
+            raise SystemExit(f"{why}: run `jupytext --sync {nbcells.source_of(path)}` first")
         nb = nbformat.read(path, as_version=4)
         before = nbformat.writes(nb)
         for scene in (s for s in SCENES if s.stage == stage):
@@ -340,6 +348,9 @@ def insert(solutions: Path | None = None) -> list[str]:
                 cell.source = cell.source.rstrip("\n") + "\n\n" + reference_line(scene)
         if nbformat.writes(nb) != before:
             nbformat.write(nb, path)
+            if paired:  # solutions/jupytext.toml says how
+                subprocess.run([sys.executable, "-m", "jupytext", "--quiet", "--to", "py:percent", str(path)],
+                               check=True)
             changed.append(path.name)
     return changed
 
@@ -359,13 +370,14 @@ HINT = re.compile(r"lk\.show\.failure\(VARIANTS\[[^\]]+\], '[^']+', '[^']+'\)")
 
 
 def wrong_namespace(stage: str) -> dict:
-    """The solution's kernel cells with one slip (``WRONG``), loaded as a student's notebook would be."""
+    """The solution's kernel cells (from its source) with one slip (``WRONG``), loaded as a student's notebook
+    would be."""
     import labkit as lk
     from labkit import nbcells
-    from labkit.stages import STAGES, solutions_folder
+    from labkit.stages import STAGES, solution
 
     right, slip, _, _ = WRONG[stage]
-    nb = nbcells.read(solutions_folder() / STAGES[stage].notebook)
+    nb = nbcells.read(solution(stage))
     ns = {"__name__": f"wrong_{stage}"}
     found = False
     for index, src in nbcells.tagged_cells(nb):
