@@ -4,6 +4,7 @@ loads and a later stage is refused in one line; the leak search can fail."""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,12 @@ def test_release_holds_the_milestones_notebooks_and_no_solutions(built):
     out, _ = built
     files = release.file_list(out)
     assert not [f for f in files if f.startswith("solutions/") or "/solutions/" in f]
+    # nor the solutions' sources (solutions/NN_topic.py, jupytext's percent format) under any name: a stage's given
+    # code is its kernel cells only (no markdown cell, no cell of a later stage), and no file is a source
+    sources = {p.read_bytes() for p in (REPO / "solutions").glob("*.py")}
+    assert sources and not [f for f in files if (out / f).read_bytes() in sources]
+    assert not [f for f in files if f.endswith(".py") and re.search(r"(?m)^# %% \[markdown\]", (out / f).read_text())]
+    assert not [f for f in files if f.endswith("jupytext.toml")]
     notebooks = sorted(f for f in files if f.endswith(".ipynb"))
     assert notebooks == [f"notebooks/{s.notebook}" for n, s in stages.STAGES.items() if n <= MILESTONE]
     assert stages.STUB_MARK in (out / "notebooks" / stages.STAGES[MILESTONE].notebook).read_text()
@@ -125,8 +132,9 @@ def test_given_code_in_the_release_and_one_line_for_a_later_stage(built):
 
 
 def test_instructors_repository_reads_the_solutions():
+    """From their sources (solutions/NN_topic.py), the notebooks' pairs."""
     assert given.manifest() is None
-    assert stages.given_source("05") == stages.solutions_folder() / stages.STAGES["05"].notebook
+    assert stages.given_source("05") == stages.solutions_folder() / stages.STAGES["05"].source
 
 
 def test_given_file_keeps_the_notebooks_cells(tmp_path):

@@ -1,7 +1,9 @@
 """Execute the solution notebooks in place, so their stored outputs are what nbval compares against.
 
 Runs under the same conditions as the test suite: CUDA simulator, LABKIT_QUICK=1, data from LABKIT_DATA.
-Afterwards regenerate the student copies with ``python tools/make_student.py``.
+Afterwards regenerate the student copies with ``python tools/make_student.py``. A notebook whose source
+(``NN_topic.py``, where code and prose are edited) holds other cells is refused before anything runs: run
+``jupytext --sync solutions/NN_topic.py`` first.
 
     python tools/execute_solutions.py                 # all solutions
     python tools/execute_solutions.py 01 04           # the notebooks whose names start with 01 or 04
@@ -99,6 +101,16 @@ def _death(running: dict, seconds: float, signalled: bool) -> str:
             f"no cell raised")
 
 
+def _out_of_step(path: Path) -> str:
+    """Why a solution notebook and its source do not hold the same cells ("" when they do)."""
+    kit = str(Path(__file__).resolve().parent.parent)
+    if kit not in sys.path:
+        sys.path.insert(0, kit)
+    from labkit import nbcells
+
+    return nbcells.out_of_step(path)
+
+
 def _plain(text: str) -> str:
     """A traceback without its terminal colours."""
     import re
@@ -122,10 +134,15 @@ def main(argv=None) -> int:
         os.environ.update(test_environment())
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
+    paths = [p for p in sorted((REPO / "solutions").glob("*.ipynb"))
+             if not args.prefixes or p.name.startswith(tuple(args.prefixes))]
+    stale = [(p, why) for p in paths if (why := _out_of_step(p))]
+    for path, why in stale:
+        print(f"{path.name}: not executed: {why}; run `jupytext --sync {path.with_suffix('.py')}` first")
+    if stale:
+        return 2
     died = 0
-    for path in sorted((REPO / "solutions").glob("*.ipynb")):
-        if args.prefixes and not path.name.startswith(tuple(args.prefixes)):
-            continue
+    for path in paths:
         for k in range(args.runs):
             name = f"{path.stem}.run{k + 1}.ipynb" if args.runs > 1 else None
             print(f"{name or path.name}: executing ...", flush=True)

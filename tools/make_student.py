@@ -12,6 +12,10 @@ twice from that one count: in the stub, and in the task's spec, which names the 
 ``{{lines:name}}`` ("7 lines"), or ``{{lines:a+b}}`` for a spec that covers several blocks. The solution notebook
 keeps the placeholder (its code is right below it); a name that no block has is an error.
 
+A solution notebook is built from as it is committed (its cell ids come along); its source beside it
+(``NN_topic.py``, where code and prose are edited) must hold the same cells: a pair out of step is refused (run
+``jupytext --sync solutions/NN_topic.py`` first).
+
     python tools/make_student.py           # write notebooks/
     python tools/make_student.py --check   # exit 1 if notebooks/ is out of date (the tests do this)
 """
@@ -29,6 +33,7 @@ import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from labkit import nbcells  # noqa: E402 - a notebook and its source in step
 from labkit.stages import STUB_MARK  # noqa: E402 - the marker the launch layer looks for
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -140,6 +145,9 @@ def build(solutions: Path = REPO / "solutions", notebooks: Path = REPO / "notebo
     stale = []
     notebooks.mkdir(exist_ok=True)
     for src in sorted(solutions.glob("*.ipynb")):
+        why = nbcells.out_of_step(src) if nbcells.source_of(src).is_file() else ""
+        if why:
+            raise ValueError(f"{why}: edit the source and run `jupytext --sync {nbcells.source_of(src)}` first")
         try:
             text = render(student_notebook(nbformat.read(src, as_version=4)))
         except ValueError as exc:
