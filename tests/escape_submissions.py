@@ -14,12 +14,14 @@ Each attack is the student copy of stage 04 (TODO stubs: it fails fast) with cod
 and is given the paths it aims at (the strongest attacker: the class knows the course's layout):
 
 1. ``edit_student``: rewrites the next student's notebook (``z1_victim``) so that it raises.
-2. ``edit_solutions``: rewrites stage 03's solution in ``--solutions``, given code that the later student
-   (``z2_later``, who loads ``lk.from_stage("03")``) takes from there, so that it cannot load.
+2. ``edit_solutions``: rewrites stage 03's solution in ``--solutions`` (the notebook and its source
+   ``03_managed_memory.py``, which given code runs from), given code that the later student (``z2_later``, who
+   loads ``lk.from_stage("03")``) takes from there, so that it cannot load.
 3. ``detached``: leaves a grandchild in a session of its own that waits for ``grades.json`` to be written, then
    rewrites its own row in ``grades.json`` and ``grades.csv`` to a full-marks pass.
-4. ``read_solution``: reads the graded stage's solution notebook from the repo's ``solutions/``, the installed
-   package's location, the ``--solutions`` folder and ``$LABKIT_SOLUTIONS``, and runs its kernel cells as its own.
+4. ``read_solution``: reads the graded stage's solution notebook (and its source, ``04_data_transfer_padding.py``)
+   from the repo's ``solutions/``, the installed package's location, the ``--solutions`` folder and
+   ``$LABKIT_SOLUTIONS``, and runs its kernel cells as its own.
 
 Attacks 1-3 end by raising a RuntimeError that says what they did, so the grader's row says it. The classmates are
 student copies too, that raise their own error when they load (``OWN``): fast to grade, and a row that is not
@@ -88,6 +90,25 @@ def _poison(path, words):
     src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
     cell["source"] = f"raise RuntimeError({{words!r}})\\n" + src
     _Path(path).write_text(_json.dumps(nb))
+
+
+def _poison_source(path, words):
+    """Make a notebook source's (NN_topic.py, percent format) first kernel cell raise."""
+    lines = _Path(path).read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("# %%") and '"kernel"' in line)
+    lines.insert(at + 1, f"raise RuntimeError({{words!r}})\\n")
+    _Path(path).write_text("".join(lines))
+
+
+def _percent(text):
+    """A notebook source's cells, as much of a notebook as the attack needs."""
+    cells = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("# %%"):
+            cells.append({{"metadata": {{"tags": ["kernel"] if '"kernel"' in line else []}}, "source": []}})
+        elif cells:
+            cells[-1]["source"].append(line)
+    return {{"cells": cells}}
 '''
 
 EDIT_STUDENT = _PRELUDE + '''
@@ -102,6 +123,7 @@ raise RuntimeError("escape attempt: " + _got)
 EDIT_SOLUTIONS = _PRELUDE + '''
 try:
     _poison({given!r}, {edited!r})
+    _poison_source({given_source!r}, {edited!r})
     _got = "rewrote the --solutions folder's stage-03 solution"
 except OSError as _e:
     _got = f"could not rewrite the --solutions folder's stage-03 solution ({{type(_e).__name__}})"
@@ -148,8 +170,11 @@ READ_SOLUTION = _PRELUDE + '''
 def _candidates():
     """Every place the graded stage's solution could be read from."""
     yield "repo", _Path({repo!r}) / "solutions" / {nb!r}
+    yield "repo source", _Path({repo!r}) / "solutions" / {source!r}
     yield "--solutions", _Path({solutions!r}) / {nb!r}
+    yield "--solutions source", _Path({solutions!r}) / {source!r}
     yield "LABKIT_SOLUTIONS", _Path(_os.environ.get("LABKIT_SOLUTIONS", "/nonexistent")) / {nb!r}
+    yield "LABKIT_SOLUTIONS source", _Path(_os.environ.get("LABKIT_SOLUTIONS", "/nonexistent")) / {source!r}
     try:  # the installed package's location: an editable install names its checkout
         import importlib.metadata as _md
         _url = _json.loads(_md.distribution("labkit").read_text("direct_url.json") or "{{}}").get("url", "")
@@ -169,7 +194,8 @@ _tried = []
 _solution = None
 for _where, _path in _candidates():
     try:
-        _found = _json.loads(_path.read_text())
+        _text = _path.read_text()
+        _found = _percent(_text) if _path.suffix == ".py" else _json.loads(_text)
         _solution = _solution or _found
         _tried.append(f"{{_where}}: read")
     except (OSError, ValueError) as _e:
@@ -198,9 +224,12 @@ def write(root: Path) -> dict:
     paths = {name: klass / name / "notebooks" / NB for name in [*ATTACKS, *VICTIMS]}
     code = {
         "a1_edit_student": EDIT_STUDENT.format(victim=str(paths["z1_victim"]), edited=EDITED),
-        "a2_edit_solutions": EDIT_SOLUTIONS.format(given=str(solutions / GIVEN), edited=EDITED),
+        "a2_edit_solutions": EDIT_SOLUTIONS.format(given=str(solutions / GIVEN),
+                                                   given_source=str((solutions / GIVEN).with_suffix(".py")),
+                                                   edited=EDITED),
         "a3_detached": DETACHED.format(code=REWRITE, out=str(out), token=token),
-        "a4_read_solution": READ_SOLUTION.format(repo=str(REPO), solutions=str(solutions), nb=NB),
+        "a4_read_solution": READ_SOLUTION.format(repo=str(REPO), solutions=str(solutions), nb=NB,
+                                                 source=NB.replace(".ipynb", ".py")),
     }
     for name, path in paths.items():
         nb = nbformat.read(STUDENT_COPY, as_version=4)

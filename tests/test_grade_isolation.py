@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from labkit import device
+from labkit import device, stages
 from labkit.cli import main
 from labkit.grading import isolation, sandbox
 
@@ -388,6 +388,33 @@ def test_the_private_solutions_hold_earlier_stages_only(tmp_path):
     timed = {p.name[:2] for p in sandbox.private_solutions(REPO / "solutions", tmp_path / "b", "04",
                                                            REPO / "solutions" / es.NB)}
     assert timed == {"00", "01", "02", "03", "04"}  # the reference, only while the child times it
+    # given code runs from the earlier stages' sources (solutions/NN_topic.py); the reference's stays behind
+    copied = {p.name for p in (tmp_path / "b").iterdir()}
+    assert {n for n in copied if n.endswith(".py")} == {stages.STAGES[n].source for n in ("00", "01", "02", "03")}
+
+
+@needs_bwrap
+def test_a_childs_given_code_runs_from_the_private_solutions_sources(tmp_path):
+    """In its sandbox a stage-04 job's child reads the earlier stages' sources (NN_topic.py) from its private
+    solutions and runs lk.from_stage("03") from one, under the notebook's cell names; the graded stage's solution,
+    notebook or source, is not there."""
+    folder = tmp_path / "job"
+    (folder / "work").mkdir(parents=True)
+    sandbox.private_labkit(folder / "lib")
+    sandbox.private_solutions(REPO / "solutions", folder / "solutions", "04")
+    env = sandbox.child_env({"LABKIT_SOLUTIONS": str(folder / "solutions"), "NUMBA_ENABLE_CUDASIM": "1"},
+                            lib=folder / "lib")
+    code = ("import labkit as lk\nfrom labkit import stages\n"
+            "print(stages.given_source('03'))\n"
+            "s03 = lk.from_stage('03')\n"
+            "print(sorted({f.__code__.co_filename for f in vars(s03).values() if hasattr(f, '__code__')}))\n"
+            "try:\n    stages.given_source('04').read_text()\nexcept OSError as e:\n    print(type(e).__name__)\n")
+    got = _run(BWRAP, [sys.executable, "-c", code], sandbox.job_view({"stage": "04"}, folder, env))
+    assert got.returncode == 0, got.stderr
+    where, files, refused = got.stdout.strip().splitlines()[-3:]
+    assert where == str(folder / "solutions" / stages.STAGES["03"].source)
+    assert eval(files) and all(f.startswith("<03_managed_memory.ipynb cell ") for f in eval(files)), files
+    assert refused == "FileNotFoundError"
 
 
 def test_grading_without_a_sandbox_is_refused_unless_asked_for(tmp_path, monkeypatch):

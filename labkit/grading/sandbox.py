@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..nbcells import source_of
 from . import isolation, protocol
 
 PACKAGE = Path(__file__).resolve().parent.parent  # labkit/
@@ -48,14 +49,17 @@ def private_labkit(dest: Path) -> list[Path]:
 
 def private_solutions(src: Path, dest: Path, stage: str | None = None, reference: Path | None = None) -> list[Path]:
     """Copy the solution notebooks a child may read into ``dest`` (the child's ``LABKIT_SOLUTIONS``): with ``stage``,
-    only those of EARLIER stages (the given code that stage notebooks load with ``lk.from_stage``), never the graded
-    stage's or a later one's; ``reference`` (a solution notebook) too, only while the child still times it."""
+    only those of EARLIER stages (the given code that stage notebooks load with ``lk.from_stage``, from each one's
+    source NN_topic.py beside it where there is one), never the graded stage's or a later one's; ``reference`` (a
+    solution notebook) too, only while the child still times it."""
     dest.mkdir(parents=True)
     copied = []
     for f in sorted(src.glob("*.ipynb")):
-        if stage is None or f.name[:2] < stage or (reference is not None and f.name == Path(reference).name):
-            shutil.copyfile(f, dest / f.name)
-            copied.append(dest / f.name)
+        given = stage is None or f.name[:2] < stage
+        if given or (reference is not None and f.name == Path(reference).name):
+            for g in (f, source_of(f)) if given and source_of(f).is_file() else (f,):
+                shutil.copyfile(g, dest / g.name)
+                copied.append(dest / g.name)
     return copied
 
 
@@ -68,6 +72,7 @@ def job_view(job: dict, folder: Path, env: dict, memory_mb: int = 0, python_path
     stage = str(job["stage"])
     ref = Path(job["reference_notebook"]) if job.get("timing") and job.get("reference_notebook") else None
     read += [f for f in sorted((folder / "solutions").glob("*.ipynb")) if f.name[:2] < stage or f == ref]
+    read += [f for f in sorted((folder / "solutions").glob("*.py")) if f.name[:2] < stage]  # given code's sources
     read += [Path(p) for p in python_path]
     scratch = folder / "work"
     return isolation.View(tuple(dict.fromkeys(str(p) for p in read if p.exists())), str(scratch),
