@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -11,6 +12,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from labkit import bench
 from labkit import check as check_module
 from labkit.ledger import Ledger
+
+REPO = Path(__file__).resolve().parent.parent
 
 KERNELS = '''
 import numpy as np
@@ -190,6 +193,9 @@ def test_cli_bench_on_a_shipped_stage(tmp_path, cifar_root):
     assert "01 serial" in result.output and "PASS" in result.output
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert [(r["stage"], r["images"], r["predictions_equal"]) for r in rows] == [("01 serial", 3, True)]
+    # solutions/ runs each stage from its source (01_serial_baseline.py); rows keep the notebook's name
+    assert bench._stage_paths(REPO / "solutions", ["01"]) == [REPO / "solutions" / "01_serial_baseline.py"]
+    assert rows[0]["notebook"] == "01_serial_baseline.ipynb"
     result = CliRunner().invoke(main, ["bench", "--images", "3,x"])
     assert result.exit_code != 0 and "whole numbers" in result.output
 

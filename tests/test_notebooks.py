@@ -156,7 +156,8 @@ def test_no_stored_output_or_doc_names_a_path_outside_the_repository():
     # the pieces are joined so that this file does not match them itself
     pattern = re.compile("|".join(re.escape(p) for p in ("../" "shared", "/" "work/", "/" "home/", "/" "root/",
                                                            "/" "tmp/", "shared " "folder")))
-    files = [*SOLUTIONS, *STUDENT, REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    files = [*SOLUTIONS, *(p.with_suffix(".py") for p in SOLUTIONS), *STUDENT, REPO / "README.md",
+             *(REPO / "docs").glob("*.md")]
     for path in files:
         hits = pattern.findall(path.read_text())
         assert not hits, f"{path.relative_to(REPO)} names {sorted(set(hits))}"
