@@ -256,3 +256,19 @@ def test_release_code_reads_given_code_from_the_sources():
     for number in ("02", "04"):
         nb = nbformat.read(SOLUTIONS / stages.STAGES[number].notebook, 4)
         assert nbcells.tagged_cells(nbcells.read(stages.solution(number))) == nbcells.tagged_cells(nb)
+
+
+def test_the_grader_refuses_solutions_out_of_step(tmp_path):
+    """The grader grades a stage's reference from its notebook and runs given code from the earlier stages'
+    sources: a --solutions folder where a pair differs is refused in one line before anything is graded."""
+    from labkit.grading import plan
+    from labkit.grading.rubric import GradeError
+
+    folder = _copy(tmp_path, {"03_managed_memory.ipynb", "04_data_transfer_padding.ipynb"})
+    plan.in_step(stages.STAGES["04"], folder)
+    source = folder / "03_managed_memory.py"
+    source.write_text(source.read_text().replace('# %% tags=["kernel"]', "# %%", 1))
+    plan.in_step(stages.STAGES["02"], folder)  # stage 02's jobs run neither
+    with pytest.raises(GradeError, match=r"--solutions: cell \d+ of 03_managed_memory.ipynb and of "
+                                         r"03_managed_memory.py differ \(tags\); run `jupytext --sync "):
+        plan.plan_stage(stages.STAGES["04"], folder, None, gpu=False, simulated=True)

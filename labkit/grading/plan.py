@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import check, data, reference, simulator, tasks
+from .. import check, data, nbcells, reference, simulator, tasks
 from ..nets import Net, get_net
-from ..stages import Stage
+from ..stages import STAGES, Stage
 from ..weights_io import load_c_study_weights, load_weights, random_weights
 from ..workloads import Workload, workload
 from .protocol import VariantSpec
@@ -116,7 +116,19 @@ class StagePlan:
         return sum(self.max_points().values())
 
 
+def in_step(stage: Stage, solutions: Path) -> None:
+    """GradeError unless each solution a stage's jobs run (its own, graded as the reference from its notebook, and
+    the earlier stages', given code run from their sources) holds the same cells as its source NN_topic.py, where
+    the folder has one."""
+    for s in (s for n, s in STAGES.items() if n <= stage.number):
+        notebook = solutions / s.notebook
+        why = nbcells.out_of_step(notebook) if notebook.is_file() and nbcells.source_of(notebook).is_file() else ""
+        if why:
+            raise GradeError(f"--solutions: {why}; run `jupytext --sync {nbcells.source_of(notebook)}` first")
+
+
 def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulated: bool) -> StagePlan:
+    in_step(stage, solutions)
     solution = solutions / stage.notebook
     declared, order = describe_stage(solution)
     r = rubric.for_stage(stage.number)
