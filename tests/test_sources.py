@@ -237,6 +237,10 @@ def test_tools_refuse_a_pair_out_of_step(tmp_path, monkeypatch):
     monkeypatch.setattr(execute_solutions, "test_environment", lambda: {})
     monkeypatch.setattr(execute_solutions, "execute", lambda *a, **k: pytest.fail("executed a stale notebook"))
     assert execute_solutions.main(["01"]) == 2
+    shutil.copyfile(SOLUTIONS / source.name, source)  # in step again: it runs
+    ran = []
+    monkeypatch.setattr(execute_solutions, "execute", lambda path, *a, **k: ran.append(path.name) or 1.0)
+    assert execute_solutions.main(["01"]) == 0 and ran == ["01_serial_baseline.ipynb"]
 
 
 def test_pytest_collects_no_source_as_a_test():
