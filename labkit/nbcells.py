@@ -90,8 +90,9 @@ def read_source(path: str | Path) -> SimpleNamespace:
     """The cells of a notebook's source in jupytext's percent format, as jupytext reads what the kit's settings
     (``solutions/jupytext.toml``) write: no header, cells that start with ``# %%`` (``[markdown]`` or ``[raw]``, and
     ``tags=[...]``, on the marker line), markdown and raw lines commented with ``# ``, code as it is, one blank line
-    before the next marker (two after a definition). Anything else is refused (NotebookError): the notebook's
-    ``jupytext --sync`` would keep more than this reader knows."""
+    before the next marker (two after a definition). A marker it does not know, or text before the first one, is
+    refused (NotebookError); what it reads otherwise differently from jupytext (a '# %%' line inside a string) makes
+    the pair out of step (``out_of_step``), which the tests check for every solution."""
     path = Path(path)
     if not path.is_file():
         raise NotebookError(f"no notebook source at {path}")
@@ -122,7 +123,9 @@ def read_source(path: str | Path) -> SimpleNamespace:
                 refuse(start + 1, f"tags that are not a JSON list of strings ({m.group(2)})")
             metadata["tags"] = tags
         body = lines[start + 1:starts[k + 1] if k + 1 < len(starts) else len(lines)]
-        if len(body) >= 2 and not body[-1].strip() and not body[-2].strip():
+        # jupytext's ends of cells: two blank lines (after a definition) when the line before them is not blank
+        # (the marker counts), else one empty line
+        if len(body) >= 2 and not body[-1].strip() and not body[-2].strip() and (len(body) == 2 or body[-3].strip()):
             body = body[:-2]
         elif body and not body[-1]:
             body = body[:-1]
