@@ -238,9 +238,12 @@ def _image_counts(images: str | None) -> tuple[int, ...] | None:
                    "is refused unless --merge or --force.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Submissions graded at the same time (one process each). Keep 1 when timing matters.")
-@click.option("--gpus", default=None, help="'all' or GPU indices (0,2): one job per GPU, each pinned to its GPU.")
+@click.option("--gpus", default=None,
+              help="'all' or GPU indices (0,2): one Dask worker per GPU through dask-cuda (the cluster extra), each job "
+                   "pinned to its worker's GPU; --jobs N spreads N jobs over them. Same as --cluster cuda:0,2.")
 @click.option("--cluster", default=None,
-              help="Grade on a Dask cluster: local[:N], slurm:N (dask-jobqueue) or a scheduler address.")
+              help="Grade on a Dask cluster: local[:N], cuda[:0,2] (this machine's GPUs, dask-cuda), slurm:N "
+                   "(dask-jobqueue) or a scheduler address.")
 @click.option("--merge/--no-merge", default=None,
               help="Update the report in --out, replacing only the graded rows (default: with --students or --stages).")
 @click.option("--force", is_flag=True, help="Write into an --out that already holds files, replacing its report.")

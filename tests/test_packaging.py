@@ -22,8 +22,9 @@ def _parse(req: str) -> tuple[str, str]:
     return m.group(1).lower().replace("_", "-"), m.group(3).replace(" ", "")
 
 
-# what the conda environment holds besides the core: the students' JupyterLab and the test tools
-ENV_EXTRAS = ("lab", "dev")
+# what the conda environment holds besides the core: the students' JupyterLab, the test tools, the course staff's
+# cluster grading (dask-cuda where it installs: Linux, Python 3.11+)
+ENV_EXTRAS = ("lab", "dev", "cluster")
 
 
 def _pyproject() -> dict[str, str]:

@@ -1,11 +1,17 @@
-"""Grading a class on a cluster, through Dask: ``--cluster local[:N]``, ``slurm:N`` (dask-jobqueue), or the address of
-a Dask scheduler that is already running (docs/grading.md, "A class on a cluster").
+"""Grading a class on a cluster, through Dask: ``--cluster local[:N]``, ``cuda[:0,1]`` (this machine's GPUs, one
+dask-cuda worker each; ``--gpus`` is its shortcut), ``slurm:N`` (dask-jobqueue), or the address of a Dask scheduler
+that is already running (docs/grading.md, "A class on a cluster", "Several GPUs").
 
 Every (student, stage) is one task. A worker makes the run's context once (the stage plans and the reference data,
 as the parent does) and grades tasks exactly as a single machine does: the same child, limits and checks, and the
 same inputs, because a job's seed comes from the run seed and the names (``run.job_seed``). Rows come back to the
 parent as they finish (the progress bar follows them) and are put in the single machine's order: the merged report
 is the single machine's, up to the measured times.
+
+On a dask-cuda worker (``LocalCUDACluster``: one worker process per GPU, its ``CUDA_VISIBLE_DEVICES`` starting with
+its own GPU) every job's child is pinned to that GPU, and the worker's context, made once, holds that GPU's reference
+jobs and its turns (``labkit.grading.turns``): a timed phase stops every other job of the worker, so no other job's
+work runs on its device; the workers of other GPUs run on.
 
 The submissions, the solutions and the rubric must be readable by the workers at the same paths (a shared file
 system, as on any Slurm cluster; a LocalCluster shares this machine's).
@@ -17,6 +23,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from .rubric import GradeError
 
@@ -24,19 +31,39 @@ from .rubric import GradeError
 JOBQUEUE = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster",
             "htcondor": "HTCondorCluster", "oar": "OARCluster", "moab": "MoabCluster"}
 
+START_S = 120  # seconds a local cluster's workers may take to start
+
 _contexts: dict = {}
 _lock = threading.Lock()
 
 
-def parse(spec: str) -> tuple[str, int | None, str | None]:
-    """``local``, ``local:4``, ``slurm:20``, ``tcp://host:8786`` -> (kind, workers, address)."""
+#: what ``--gpus`` and ``--cluster cuda`` need, in the words of the refusal when it is not there
+DASK_CUDA = ("pip install 'labkit[cluster]' (dask-cuda, on Linux with Python 3.11 or later; it brings the dask and "
+             "distributed it was made with)")
+
+
+class Spec(NamedTuple):
+    """What ``--cluster`` asked for: ``kind`` (local, cuda, address, or a dask-jobqueue name), the number of
+    ``workers`` (local, jobqueue), the scheduler's ``address``, the ``gpus`` of a cuda cluster ("all" or "0,2")."""
+    kind: str
+    workers: int | None = None
+    address: str | None = None
+    gpus: str | None = None
+
+
+def parse(spec: str) -> Spec:
+    """``local``, ``local:4``, ``cuda``, ``cuda:0,1``, ``slurm:20``, ``tcp://host:8786``."""
     spec = (spec or "").strip()
     if "://" in spec:
-        return "address", None, spec
-    kind, _, count = spec.partition(":")
+        return Spec("address", address=spec)
+    kind, colon, count = spec.partition(":")
     kind = kind.lower()
+    if kind == "cuda":
+        if colon and not count.strip():
+            raise GradeError(f"--cluster {spec}: name the GPUs after cuda: (cuda:0,1), or none for all (cuda)")
+        return Spec("cuda", gpus=count.strip() or "all")
     if kind != "local" and kind not in JOBQUEUE:
-        raise GradeError(f"--cluster takes local[:N], {'|'.join(JOBQUEUE)}:N or a scheduler address "
+        raise GradeError(f"--cluster takes local[:N], cuda[:0,1], {'|'.join(JOBQUEUE)}:N or a scheduler address "
                          f"(tcp://host:8786), not {spec!r}")
     workers = None
     if count:
@@ -45,16 +72,66 @@ def parse(spec: str) -> tuple[str, int | None, str | None]:
         workers = int(count)
     if kind in JOBQUEUE and workers is None:
         raise GradeError(f"--cluster {kind} needs the number of jobs to start, e.g. --cluster {kind}:20")
-    return kind, workers, None
+    return Spec(kind, workers)
 
 
-def connect(spec: str):
-    """(client, cluster or None, description)."""
-    kind, workers, address = parse(spec)
+def cuda_cluster_class(flag: str = "--gpus"):
+    """dask-cuda's ``LocalCUDACluster``, or the grader's one-line refusal where it cannot be imported (checked
+    before any job: ``--gpus`` has no other way to run)."""
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError as exc:
+        raise GradeError(f"{flag} grades through dask-cuda (one Dask worker per GPU), which cannot be imported here "
+                         f"({exc}): {DASK_CUDA}") from None
+    return LocalCUDACluster
+
+
+def worker_gpu() -> str | None:
+    """This dask-cuda worker's GPU: the first of the CUDA_VISIBLE_DEVICES it was started with (dask-cuda rotates the
+    list so that each worker's own GPU comes first); None where it has none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return visible or None
+
+
+def _started(make: Callable, workers: int, failure: str):
+    """(client, cluster) once ``workers`` workers of the cluster ``make()`` makes are up; a cluster whose workers do
+    not start (within ``START_S``) is closed and refused in one line, where the run would wait for them forever."""
+    from distributed import Client
+
+    cluster = client = None
+    try:
+        cluster = make()
+        client = Client(cluster)
+        client.wait_for_workers(workers, timeout=START_S)
+        return client, cluster
+    except Exception as exc:  # noqa: BLE001 - NVML, a worker that failed its start, a timeout: one line
+        for made in (client, cluster):
+            if made is not None:
+                try:
+                    made.close()
+                except Exception:  # noqa: BLE001 - already broken
+                    pass
+        raise GradeError(f"{failure} ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from None
+
+
+def connect(spec: str, gpus: list[int] | None = None, per_gpu: int = 1):
+    """(client, cluster or None, description); ``gpus`` and ``per_gpu`` (jobs at a time on each) for ``cuda``."""
+    kind, workers, address, _ = parse(spec)
+    if kind == "cuda":
+        LocalCUDACluster = cuda_cluster_class("--cluster cuda")
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise GradeError("--cluster needs Dask: pip install 'labkit[cluster]' (distributed, dask-jobqueue)") from None
+    if kind == "cuda":
+        where = f"GPU{'s' * (len(gpus) > 1)} {', '.join(map(str, gpus))}"
+        # one worker process per GPU (its children see that GPU alone), per_gpu jobs at a time in it
+        client, cluster = _started(lambda: LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(gpus), n_workers=len(gpus),
+                                                            threads_per_worker=per_gpu, dashboard_address=None,
+                                                            silence_logs=40),
+                                   len(gpus), f"dask-cuda could not start a worker on each of {where}")
+        return client, cluster, (f"this machine's {where} through dask-cuda (a LocalCUDACluster: one worker per GPU, "
+                                 f"{per_gpu} job{'s' * (per_gpu > 1)} at a time on each)")
     if kind == "address":
         try:
             client = Client(address, timeout="30s")
@@ -65,9 +142,10 @@ def connect(spec: str):
     if kind == "local":
         n = workers or os.cpu_count() or 1
         # one thread per worker process: a worker grades one submission at a time, like --jobs 1 does
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=40)
-        return Client(cluster), cluster, f"a Dask LocalCluster of {n} worker process{'es' * (n > 1)}"
+        client, cluster = _started(lambda: LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                                        dashboard_address=None, silence_logs=40),
+                                   n, f"--cluster local:{n}: Dask could not start {n} worker processes")
+        return client, cluster, f"a Dask LocalCluster of {n} worker process{'es' * (n > 1)}"
     try:
         import dask_jobqueue
     except ImportError:
@@ -82,8 +160,15 @@ def connect(spec: str):
     return Client(cluster), cluster, f"{workers} {kind} job{'s' * (workers > 1)} through dask-jobqueue"
 
 
+def _env(spec: dict) -> dict:
+    """What every child of this worker gets: its GPU, on a dask-cuda worker."""
+    gpu = worker_gpu() if spec.get("gpus") else None
+    return {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+
+
 def _context(spec: dict):
-    """The run's context in this worker process, made once."""
+    """The run's context in this worker process, made once: the plans, the reference data, and (on a GPU) this
+    worker's reference jobs and turns."""
     key = (tuple(spec["stages"]), spec["rubric"], spec["solutions"])
     with _lock:
         if key not in _contexts:
@@ -97,7 +182,8 @@ def _context(spec: dict):
             simulator_if_no_driver()
             info = device.info()
             rubric, iso = load_rubric(spec["rubric"]), by_mode(spec.get("sandbox"))
-            refused = sandbox_refusal(iso, spec.get("private") or {}, rubric.base["limits"]["memory_mb"])
+            refused = sandbox_refusal(iso, spec.get("private") or {}, rubric.base["limits"]["memory_mb"],
+                                      _env(spec) or None)
             if refused:  # every task of this worker fails with it: its rows say why
                 raise GradeError(f"this worker ({os.uname().nodename}) cannot grade: {refused}")
             _contexts[key] = Context(list(spec["stages"]), rubric, Path(spec["solutions"]), info.kind == "gpu",
@@ -105,25 +191,48 @@ def _context(spec: dict):
         return _contexts[key]
 
 
+def turns_here() -> dict:
+    """This worker's turns, over every context it made (for the report's ``meta.turns.by_worker``)."""
+    from .turns import merged
+
+    with _lock:
+        summary = merged([ctx.turns.summary() for ctx in _contexts.values()])
+    return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), **summary}
+
+
 def grade_remote(spec: dict, task: dict) -> dict:
     """One (student, stage) on a cluster worker (a Dask task)."""
     from .run import grade_task
 
-    row = grade_task(_context(spec), task)
+    row = grade_task(_context(spec), task, _env(spec))
     row["details"]["worker"] = f"{os.uname().nodename}:{os.getpid()}"
     return row
 
 
 def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callable[[dict, dict], None],
-                   local: Callable[[dict], dict], failed: Callable[[dict, str], dict]) -> tuple[list[dict], str]:
+                   local: Callable[[dict], dict], failed: Callable[[dict, str], dict]) -> tuple[list[dict], str, dict]:
     """Rows for ``tasks`` in their order; a task without a notebook (missing stage) is answered by ``local``, a
-    task whose worker was lost by ``failed(task, why)``."""
+    task whose worker was lost by ``failed(task, why)``. A row the grader's machinery could not finish for want of
+    a resource (threads) is graded again at the end, alone on the cluster, as ``run.run_local`` does. Also returns
+    the description of the cluster and each worker's turns (``turns_here``: {worker address: summary})."""
     from distributed import as_completed
 
     spec = {**spec, "rubric": str(Path(spec["rubric"]).resolve()) if spec["rubric"] else None,
             "solutions": str(Path(spec["solutions"]).resolve())}
-    client, cluster, where = connect(spec_str)
+    client, cluster, where = connect(spec_str, spec.get("gpus"), spec.get("per_gpu", 1))
     rows: list = [None] * len(tasks)
+
+    def submit(i: int, attempt: int = 0):
+        remote = {**tasks[i], "path": str(Path(tasks[i]["notebook"]).resolve())}
+        return client.submit(grade_remote, spec, remote, pure=False,
+                             key=f"grade-{i}-{tasks[i]['stage']}-{abs(hash(tasks[i]['student'])) % 10 ** 8}-{attempt}")
+
+    def result(i: int, future) -> dict:
+        try:
+            return future.result()
+        except Exception as exc:  # noqa: BLE001 - a worker lost (killed, out of memory): the row says so
+            return failed(tasks[i], f"the cluster worker failed: {type(exc).__name__}: {exc}")
+
     try:
         futures = {}
         for i, task in enumerate(tasks):
@@ -131,18 +240,24 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
                 rows[i] = local(task)
                 on_row(task, rows[i])
                 continue
-            remote = {**task, "path": str(Path(task["notebook"]).resolve())}
-            futures[client.submit(grade_remote, spec, remote, pure=False,
-                                  key=f"grade-{i}-{task['stage']}-{abs(hash(task['student'])) % 10 ** 8}")] = i
+            futures[submit(i)] = i
         for future in as_completed(list(futures)):
             i = futures[future]
-            try:
-                rows[i] = future.result()
-            except Exception as exc:  # noqa: BLE001 - a worker lost (killed, out of memory): the row says so
-                rows[i] = failed(tasks[i], f"the cluster worker failed: {type(exc).__name__}: {exc}")
-            on_row(tasks[i], rows[i])
+            rows[i] = result(i, future)
+            if not rows[i].get("details", {}).get("resource_error"):
+                on_row(tasks[i], rows[i])
+        for i, row in enumerate(rows):  # nothing else runs now: what ran out of threads under load may pass alone
+            if row is not None and row.get("details", {}).get("resource_error"):
+                rows[i] = result(i, submit(i, 1))
+                rows[i]["details"]["retried"] = f"graded again alone at the end of the run; the first try: " \
+                                                f"{row['message']}"
+                on_row(tasks[i], rows[i])
+        try:
+            by_worker = client.run(turns_here)
+        except Exception:  # noqa: BLE001 - a worker gone by now: its turns are not known, its rows are there
+            by_worker = {}
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
-    return rows, where
+    return rows, where, by_worker

@@ -82,18 +82,26 @@ def mismatch(versions: dict, origins: dict, advice: Callable[[str, str | None], 
 
 
 def _nvidia_smi() -> dict:
-    """GPU model(s) and the NVIDIA driver version, from nvidia-smi ({} without it)."""
+    """Each GPU of this machine (index, model, UUID, memory) and the NVIDIA driver version, from nvidia-smi ({}
+    without it): a report graded on several GPUs says which ones they were (the rows name theirs)."""
     if not shutil.which("nvidia-smi"):
         return {}
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    gpus = [[part.strip() for part in line.split(",")] for line in out.strip().splitlines() if line.count(",") >= 2]
-    if not gpus:
+    return gpus_from_csv(out)
+
+
+def gpus_from_csv(out: str) -> dict:
+    """nvidia-smi's "index, name, uuid, memory.total, driver_version" lines -> {"gpus": [...], "nvidia_driver"}."""
+    rows = [[part.strip() for part in line.split(",")] for line in out.strip().splitlines() if line.count(",") >= 4]
+    if not rows:
         return {}
-    return {"gpus": [f"{g[0]}: {g[1]}" for g in gpus], "nvidia_driver": gpus[0][2]}
+    gpus = [{"index": int(r[0]) if r[0].isdigit() else r[0], "name": r[1], "uuid": r[2] or None,
+             "memory_mib": int(r[3]) if r[3].isdigit() else None} for r in rows]
+    return {"gpus": gpus, "nvidia_driver": rows[0][4]}
 
 
 def describe(info: device.DeviceInfo | None = None) -> dict:
@@ -114,6 +122,7 @@ def describe(info: device.DeviceInfo | None = None) -> dict:
         env["compute_capability"] = f"{d.compute_capability[0]}.{d.compute_capability[1]}" \
             if d.compute_capability else None
         env.update(_nvidia_smi())
+        env.setdefault("gpus", [{"index": 0, "name": d.name, "uuid": None, "memory_mib": None}])  # no nvidia-smi
     elif d.simulated:
         env["gpu"] = None
         env["note"] = ("CUDA simulator (NUMBA_ENABLE_CUDASIM=1): GPU code ran on the CPU, shrunk; its op time is not "

@@ -2,9 +2,9 @@
 
 Everything the jobs share (the stage plans, the reference data) is made before the first child starts; a job
 that fails in the grader itself becomes a ``grader-error`` row and the run goes on to the next one. Jobs run here
-(``--jobs N`` threads, or ``--gpus``: one per GPU, each child pinned with ``CUDA_VISIBLE_DEVICES``) or on a Dask
-cluster (``--cluster``, ``labkit.grading.cluster``); either way each (student, stage) gets the same inputs for the
-same run seed, so the merged report of a cluster run equals a single machine's.
+(``--jobs N`` threads) or on a Dask cluster (``--cluster``, ``labkit.grading.cluster``; ``--gpus`` is one dask-cuda
+worker per GPU of this machine, each child pinned to its worker's GPU); either way each (student, stage) gets the
+same inputs for the same run seed, so the merged report of a cluster run equals a single machine's.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .sandbox import memory_guard_text
 from .sandbox import linger_long as sandbox_linger
 from .submissions import Submission, find_submissions, select_stages
 from .turns import Turns
+from .turns import merged as merged_turns
 
 
 def simulator_if_no_driver() -> str:
@@ -95,48 +96,33 @@ def available_gpus() -> list[int]:
     return found
 
 
-def parse_gpus(spec: str, available: list[int]) -> list[int]:
-    """``--gpus all`` or ``--gpus 0,2``: the GPU indices to use, checked against those ``available``."""
+def parse_gpus(spec: str, available: list[int], flag: str = "--gpus") -> list[int]:
+    """``--gpus all`` or ``--gpus 0,2`` (``--cluster cuda:0,2``): the GPU indices to use, checked against those
+    ``available``."""
     spec = (spec or "").strip()
     if not available:
-        raise GradeError(f"--gpus {spec}: there is no GPU here (the CUDA simulator runs GPU code on the CPU: use "
+        raise GradeError(f"{flag} {spec}: there is no GPU here (the CUDA simulator runs GPU code on the CPU: use "
                          f"--jobs N instead)")
     if spec == "all":
         return list(available)
     try:
         chosen = [int(v) for v in spec.split(",") if v.strip()]
     except ValueError:
-        raise GradeError(f"--gpus takes 'all' or GPU indices separated by commas (e.g. 0,2), not {spec!r}") from None
+        raise GradeError(f"{flag} takes 'all' or GPU indices separated by commas (e.g. 0,2), not {spec!r}") from None
     if not chosen:
-        raise GradeError("--gpus takes 'all' or GPU indices separated by commas (e.g. 0,2)")
+        raise GradeError(f"{flag} takes 'all' or GPU indices separated by commas (e.g. 0,2)")
     unknown = [g for g in chosen if g not in available]
     if unknown:
-        raise GradeError(f"--gpus: no GPU {unknown[0]} here; this machine has GPU "
+        raise GradeError(f"{flag}: no GPU {unknown[0]} here; this machine has GPU "
                          f"{', '.join(map(str, available))}")
     if len(set(chosen)) != len(chosen):
-        raise GradeError(f"--gpus names a GPU twice: {spec}")
+        raise GradeError(f"{flag} names a GPU twice: {spec}")
     return chosen
 
 
-class GpuSlots:
-    """Jobs spread over GPUs: a job takes a free slot (``per_gpu`` of them a GPU), its child sees only that GPU
-    (CUDA_VISIBLE_DEVICES), and gives it back when the child has ended. Jobs of one GPU take turns for their timed
-    phases (``labkit.grading.turns``)."""
-
-    def __init__(self, gpus: list[int], per_gpu: int = 1):
-        self._free = [g for _ in range(max(1, per_gpu)) for g in gpus]
-        self._cond = threading.Condition()
-
-    def acquire(self) -> int:
-        with self._cond:
-            while not self._free:
-                self._cond.wait()
-            return self._free.pop(0)
-
-    def release(self, gpu: int) -> None:
-        with self._cond:
-            self._free.append(gpu)
-            self._cond.notify()
+def jobs_per_gpu(jobs: int, gpus: list[int]) -> int:
+    """``--jobs N`` over G GPUs: N // G jobs at a time on each (never more than N in all), at least one."""
+    return max(1, jobs // len(gpus))
 
 
 # ------------------------------------------------------------------------------------ what every job needs
@@ -255,24 +241,15 @@ def make_tasks(subs: list[Submission], stages: list[str], run_seed: int, root: P
     return tasks
 
 
-def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], dict], gpus: list[int] | None = None,
+def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], dict],
               on_row: Callable[[dict, dict], None] | None = None) -> list[dict]:
-    """Rows for ``tasks``, ``workers`` at a time (spread over ``gpus``, as evenly as they go: each task's runner
-    gets ``{"CUDA_VISIBLE_DEVICES": "<gpu>"}``), in the order of the tasks. A row the grader's own machinery could
-    not finish for want of a resource (threads) is graded again at the end, alone."""
-    slots = GpuSlots(gpus, -(-workers // len(gpus))) if gpus else None
+    """Rows for ``tasks``, ``workers`` at a time, in the order of the tasks (several GPUs: ``--gpus``, through
+    ``labkit.grading.cluster``). A row the grader's own machinery could not finish for want of a resource (threads)
+    is graded again at the end, alone."""
     rows: list = [None] * len(tasks)
 
     def one(i: int) -> None:
-        env = {}
-        gpu = slots.acquire() if slots else None
-        try:
-            if gpu is not None:
-                env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-            rows[i] = runner(tasks[i], env)
-        finally:
-            if slots:
-                slots.release(gpu)
+        rows[i] = runner(tasks[i], {})
         if on_row:
             on_row(tasks[i], rows[i])
 
@@ -285,7 +262,7 @@ def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], di
     for i, row in enumerate(rows):  # nothing else runs now: what ran out of threads under load may pass alone
         if row is not None and row.get("details", {}).get("resource_error"):
             first = row["message"]
-            rows[i] = runner(tasks[i], {"CUDA_VISIBLE_DEVICES": str(gpus[0])} if gpus else {})
+            rows[i] = runner(tasks[i], {})
             rows[i]["details"]["retried"] = f"graded again alone at the end of the run; the first try: {first}"
     return rows
 
@@ -303,7 +280,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
 
     ``students`` grades only those student folders; with it (or ``stages``) an existing report in ``out`` is
     updated: only the graded (student, stage) rows are replaced (``merge``, default: then). ``gpus`` ("all" or
-    "0,2"): one job per GPU at a time, each pinned to its GPU. ``cluster``: a Dask cluster (see
+    "0,2"): the shortcut to ``cluster="cuda:..."``, one dask-cuda worker per GPU, ``jobs // len(gpus)`` jobs at a
+    time on each, each child pinned to its worker's GPU. ``cluster``: a Dask cluster (see
     ``labkit.grading.cluster``). ``sandbox`` (auto, bwrap, apptainer, docker): where every child runs
     (``labkit.grading.isolation``); ``unsandboxed``: none, only for code you trust. Returns ``{"meta": ..., "rows":
     [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox here among them).
@@ -344,12 +322,19 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                                 f"{', ...' if len(names) > 8 else ''})" if names else ""))
         subs = [s for s in subs if s.student in students]
     if cluster and gpus:
-        raise GradeError("--gpus and --cluster do not go together: a cluster's workers each have their own GPU")
-    gpu_list = parse_gpus(gpus, available_gpus()) if gpus else None
-    if cluster:
-        from .cluster import parse as parse_cluster
+        raise GradeError("--gpus and --cluster do not go together: --gpus 0,1 is --cluster cuda:0,1 (a cluster's "
+                         "workers each have their own GPU)")
+    gpu_list, per_gpu = None, 1
+    if cluster or gpus:
+        from . import cluster as dask_cluster
 
-        parse_cluster(cluster)  # a typo is refused before anything runs
+        flag = "--gpus" if gpus else "--cluster cuda"
+        cluster = cluster or f"cuda:{gpus.strip()}"  # --gpus: one dask-cuda worker per GPU of this machine
+        asked = dask_cluster.parse(cluster)  # a typo is refused before anything runs
+        if asked.kind == "cuda":
+            gpu_list = parse_gpus(asked.gpus, available_gpus(), flag)
+            per_gpu = jobs_per_gpu(jobs, gpu_list)
+            dask_cluster.cuda_cluster_class(flag)  # no dask-cuda: one line, before any job
     iso = isolation.choose(sandbox, unsandboxed)  # refused in one line where there is no sandbox
     private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
                "the solutions": solutions.resolve()}
@@ -383,23 +368,24 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         from .cluster import run_on_cluster
 
         spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
-                "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()}}
-        rows, where = run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
-                                     lambda task, why: grader_error_row(ctx, task, why))
+                "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
+                "gpus": gpu_list, "per_gpu": per_gpu}
+        rows, where, by_worker = run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
+                                                lambda task, why: grader_error_row(ctx, task, why))
+        turns = {**merged_turns(list(by_worker.values())), "by_worker": by_worker}  # each worker's own turns
     else:
-        workers = max(jobs, len(gpu_list)) if gpu_list else jobs
-        # on a GPU, each device's timed phase gets a core the grader keeps free (labkit.grading.cores)
-        ctx.turns.cores = Cores(len(gpu_list) if gpu_list else 1) if gpu else None
+        # on a GPU, the device's timed phases get a core the grader keeps free (labkit.grading.cores)
+        ctx.turns.cores = Cores(1) if gpu else None
         if ctx.turns.cores is not None:
             ctx.turns.cores.start()
         try:
-            rows = run_local(tasks, workers, lambda task, env: grade_task(ctx, task, env), gpu_list, on_row)
+            rows = run_local(tasks, jobs, lambda task, env: grade_task(ctx, task, env), on_row)
         finally:
             if ctx.turns.cores is not None:
                 ctx.turns.cores.stop()
-        where = (f"this machine, {workers} job{'s' * (workers > 1)} at a time over GPU "
-                 f"{', '.join(map(str, gpu_list))}" if gpu_list
-                 else f"this machine, {jobs} job{'s' * (jobs > 1)} at a time")
+        where = f"this machine, {jobs} job{'s' * (jobs > 1)} at a time"
+        turns = {**ctx.turns.summary(),
+                 **({"cores": ctx.turns.cores.describe()} if ctx.turns.cores is not None else {})}
     bar.close()
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -424,10 +410,11 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         "accuracy": {n: ("scored" if p.accuracy_scored else "not scored (no labelled images)")
                      for n, p in plans.items()},
         "single_submission": single,
-        "turns": {**ctx.turns.summary(), "rule": "each timed phase ran while every other job was stopped, and "
-                  "each reference job alone; time stopped or waiting never counted against a job's limit",
-                  **({"cores": ctx.turns.cores.describe()} if ctx.turns.cores is not None else {})},
-        "jobs": {"requested": jobs, "cores": os.cpu_count() or 1},
+        "turns": {**turns, "rule": "each timed phase ran while every other job (of its worker, on a cluster) was "
+                  "stopped, and each reference job alone; time stopped or waiting never counted against a job's "
+                  "limit"},
+        "jobs": {"requested": jobs, "cores": os.cpu_count() or 1,
+                 **({"gpus": gpu_list, "per_gpu": per_gpu} if gpu_list else {})},
     }
     report = {"meta": meta, "rows": rows}
     out = Path(out)

@@ -176,3 +176,11 @@ class Turns:
         return {"turns": len(done), "longest_wait_s": round(max((e["waited_s"] for e in done), default=0.0), 2),
                 "longest_turn_s": round(max((e["held_s"] for e in done), default=0.0), 2),
                 "children_stopped": sum(e["stopped"] for e in done)}
+
+
+def merged(summaries: list[dict]) -> dict:
+    """The turns of several grading processes (a cluster's workers) as one ``Turns.summary``."""
+    return {"turns": sum(s["turns"] for s in summaries),
+            "longest_wait_s": max((s["longest_wait_s"] for s in summaries), default=0.0),
+            "longest_turn_s": max((s["longest_turn_s"] for s in summaries), default=0.0),
+            "children_stopped": sum(s["children_stopped"] for s in summaries)}
