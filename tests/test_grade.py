@@ -1,6 +1,6 @@
 """The grader on synthetic submissions made from the stage-01 solution: each is graded as it should be, in one run;
-then the same class re-graded in part (one student), on a Dask LocalCluster (the cluster path), and as a single
-submission (Gradescope's layout).
+then the same class re-graded in part (one student), on a Dask LocalCluster (the cluster path), on two stand-in GPUs
+(the --gpus path through dask-cuda, tests/fake_dask_cuda.py), and as a single submission (Gradescope's layout).
 
 Stage 01 is CPU code (numba ``@njit``), so it is fully checked and timed even under the CUDA simulator.
 A small test rubric keeps the run short: batch sizes 1 and 3, 12 images for accuracy, 4 for timing. It holds with
@@ -494,36 +494,36 @@ def test_the_cluster_path_gives_the_single_machine_report(graded, tmp_path):
                                    {"rows": [graded["rows"][s] for s in picked]})["differences"] == []
 
 
-def test_gpu_workers_each_get_their_own_gpu():
-    """--gpus: one worker per GPU, each job's child pinned with CUDA_VISIBLE_DEVICES (a fake list of four GPUs)."""
-    import threading
-    import time
+def test_the_gpu_path_gives_the_single_machine_report(graded, tmp_path, monkeypatch):
+    """--gpus all on two GPUs (tests/fake_dask_cuda.py stands in for dask-cuda: its worker processes, each with its
+    GPU first in CUDA_VISIBLE_DEVICES): one worker per GPU, each job's child pinned to its worker's GPU, each worker
+    its own reference job and turns; the same statuses, checks and accuracy as the single-machine run."""
+    pytest.importorskip("distributed")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fake_dask_cuda
 
-    assert grading.parse_gpus("all", [0, 1, 2, 3]) == [0, 1, 2, 3]
-    assert grading.parse_gpus("0,2", [0, 1, 2, 3]) == [0, 2]
-    for spec, words in (("5", "no GPU 5 here"), ("0,0", "names a GPU twice"), ("x", "takes 'all' or GPU indices")):
-        with pytest.raises(grading.GradeError, match=words):
-            grading.parse_gpus(spec, [0, 1, 2, 3])
-    with pytest.raises(grading.GradeError, match="there is no GPU here"):
-        grading.parse_gpus("all", [])
-    busy: dict[str, int] = {}
-    seen, lock = [], threading.Lock()
+    from labkit.grading import run
 
-    def fake_job(task, env):
-        gpu = env["CUDA_VISIBLE_DEVICES"]
-        with lock:
-            assert busy.get(gpu, 0) == 0, f"GPU {gpu} given to two jobs at once"
-            busy[gpu] = busy.get(gpu, 0) + 1
-            seen.append(gpu)
-        time.sleep(0.02)
-        with lock:
-            busy[gpu] -= 1
-        return {"task": task["n"], "gpu": gpu}
-
-    tasks = [{"n": i, "student": f"s{i}"} for i in range(12)]
-    rows = grading.run_local(tasks, 3, fake_job, gpus=[0, 2, 3])
-    assert [r["task"] for r in rows] == list(range(12))  # in the order of the tasks
-    assert set(seen) == {"0", "2", "3"} and len(seen) == 12
+    made = fake_dask_cuda.install(monkeypatch)
+    monkeypatch.setattr(run, "available_gpus", lambda: [0, 1])
+    picked = ["correct", "halo", "syntax", "nostage"]
+    report = grading.grade(graded["submissions"], stages=["01"], rubric=graded["rubric"], out=tmp_path / "gpus",
+                           seed=408, progress=False, students=picked, gpus="all", jobs=2)
+    assert [(m["CUDA_VISIBLE_DEVICES"], m["n_workers"], m["threads_per_worker"]) for m in made] == [([0, 1], 2, 1)]
+    meta = report["meta"]
+    assert "GPUs 0, 1 through dask-cuda" in meta["graded_on"] and meta["jobs"]["gpus"] == [0, 1]
+    rows = {r["student"]: r for r in report["rows"]}
+    assert list(rows) == [s for s in graded["rows"] if s in picked]
+    assert grading.compare_reports({"rows": list(rows.values())},
+                                   {"rows": [graded["rows"][s] for s in picked]})["differences"] == []
+    workers = {f"{w['host']}:{w['pid']}": w for w in meta["turns"]["by_worker"].values()}
+    assert sorted(w["gpu"] for w in workers.values()) == ["0", "1"]
+    graded_rows = [rows[s] for s in picked if s != "nostage"]
+    for row in graded_rows:  # each child on its worker's GPU
+        assert row["details"]["gpu"] == workers[row["details"]["worker"]]["gpu"], row["details"]
+    assert {row["details"]["gpu"] for row in graded_rows} == {"0", "1"}  # both GPUs graded
+    assert all(w["turns"] >= 1 for w in workers.values())  # each GPU's own reference job, in its worker's turn
+    assert meta["turns"]["turns"] == sum(w["turns"] for w in workers.values())
 
 
 @pytest.mark.skipif(device._driver_version() is not None, reason="a CUDA driver is here")

@@ -163,6 +163,25 @@ def test_a_timeout_names_what_did_not_run_and_scores_nothing_that_depends_on_it(
     assert "not run: technique" in row["message"]
 
 
+def test_a_reference_job_runs_alone_only_where_its_wall_time_sets_the_limits(shipped_plan, monkeypatch):
+    """With limits.time_factor the reference job's wall time scales the students' limit: it holds the whole turn of
+    its process (one GPU's dask-cuda worker) for its whole run. Without it, only its timed phase takes the device's
+    turn, as a student's does, so the other jobs of that GPU run beside the rest of it."""
+    import dataclasses
+
+    from labkit.grading import job
+
+    alone = []
+    monkeypatch.setattr(job.Job, "run", lambda self: alone.append(self.alone) or self.outcome)
+    monkeypatch.setattr(job.Job, "row", lambda self: {"status": "pass", "message": ""})
+    plan = shipped_plan("05")
+    assert plan.rubric["limits"]["time_factor"] > 0
+    job.reference_job(plan, None, True, 1)
+    fixed = dataclasses.replace(plan, rubric={**plan.rubric, "limits": {**plan.rubric["limits"], "time_factor": 0}})
+    job.reference_job(fixed, None, True, 1)
+    assert alone == [True, False]
+
+
 def test_survivors_are_said_in_the_students_row(shipped_plan):
     o = _outcome(timed_out=True, done=False, phase="conv1 (batch size 1) of variant 'implicit_gemm'",
                  survivors=[123], finished={"load"})
@@ -248,29 +267,6 @@ def test_threads_the_grader_cannot_start_are_the_graders_error_never_the_student
     assert "could not start a thread" in row["message"] and row["details"]["resource_error"]
     assert "graded again alone at the end of the run" in row["details"]["retried"]
     assert row["score"] == 0 and "can't start new thread" not in (row["details"].get("checks") or [""])[0]
-
-
-def test_several_jobs_share_a_gpu_and_take_turns_there():
-    """--gpus 0,1 --jobs 4: two jobs at a time on each GPU (run_local spreads them evenly)."""
-    busy: dict[str, int] = {}
-    most: dict[str, int] = {}
-    lock = threading.Lock()
-
-    def fake_job(task, env):
-        gpu = env["CUDA_VISIBLE_DEVICES"]
-        with lock:
-            busy[gpu] = busy.get(gpu, 0) + 1
-            most[gpu] = max(most.get(gpu, 0), busy[gpu])
-        time.sleep(0.05)
-        with lock:
-            busy[gpu] -= 1
-        return {"task": task["n"], "gpu": gpu, "details": {}}
-
-    from labkit import grading
-
-    rows = grading.run_local([{"n": i} for i in range(16)], 4, fake_job, gpus=[0, 1])
-    assert [r["task"] for r in rows] == list(range(16))
-    assert most == {"0": 2, "1": 2}
 
 
 def test_more_jobs_than_cores_are_refused_in_one_line(tmp_path):

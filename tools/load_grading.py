@@ -28,6 +28,12 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 RUBRIC = "[limits]\ntime_s = 600\nsim_time_s = 600\n"
+# stage 08's fused kernel (make_fused_kernel) with a barrier missing (wrong values) or in a branch not every thread
+# takes (a hang on a GPU): (old, new) of its source
+MISSING_BARRIER = ("                acc += Wt[ty, kk] * Xt[kk, tx]\n            cuda.syncthreads()\n",
+                   "                acc += Wt[ty, kk] * Xt[kk, tx]\n")
+BARRIER_IN_A_BRANCH = ("            Ot[ty, tx] = v\n            cuda.syncthreads()\n",
+                       "            Ot[ty, tx] = v\n            if m < M:\n                cuda.syncthreads()\n")
 PARTS = ("status", "correctness_points", "accuracy_points", "technique_points", "task_points", "max_score")
 
 
@@ -60,12 +66,8 @@ def write_class(root: Path, stages: list[str]) -> None:
                 cell.source = cell.source.replace(old, new, 1)
             return edit
 
-        put("s08_missing_barrier", "08_fusion.ipynb", edit_kernel(
-            "                acc += Wt[ty, kk] * Xt[kk, tx]\n            cuda.syncthreads()\n",
-            "                acc += Wt[ty, kk] * Xt[kk, tx]\n"))
-        put("s08_barrier_in_a_branch", "08_fusion.ipynb", edit_kernel(
-            "            Ot[ty, tx] = v\n            cuda.syncthreads()\n",
-            "            Ot[ty, tx] = v\n            if m < M:\n                cuda.syncthreads()\n"))
+        put("s08_missing_barrier", "08_fusion.ipynb", edit_kernel(*MISSING_BARRIER))
+        put("s08_barrier_in_a_branch", "08_fusion.ipynb", edit_kernel(*BARRIER_IN_A_BRANCH))
     if "10" in stages:
         for name in ("s10_a", "s10_b"):
             put(name, "10_whole_job.ipynb")

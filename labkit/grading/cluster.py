@@ -197,7 +197,8 @@ def turns_here() -> dict:
 
     with _lock:
         summary = merged([ctx.turns.summary() for ctx in _contexts.values()])
-    return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), **summary}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), "cpus": cpus, **summary}
 
 
 def grade_remote(spec: dict, task: dict) -> dict:

@@ -241,10 +241,12 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
                   sandbox=None, turns: Turns | None = None) -> ReferenceTiming:
     """The stage's solution graded as a student is, in a child of its own that never holds student code (once per
     stage and device in a run): the same engine, clock and tracing time it, and the job's wall time, measured alone
-    (the whole machine's turn: every other job stopped), scales the students' time limit. A solution that does not
-    pass is the grader's error."""
+    (the whole machine's turn: every other job stopped), scales the students' time limit. Where it scales nothing
+    (``limits.time_factor = 0``) only its timed phase takes the device's turn, as a student's does, and the other
+    jobs run beside the rest of it. A solution that does not pass is the grader's error."""
     job = Job(plan, refs, "(reference solution)", plan.solution, seed, gpu)
-    job.env_extra, job.sandbox, job.turns, job.alone = dict(env_extra or {}), sandbox, turns, True
+    job.env_extra, job.sandbox, job.turns = dict(env_extra or {}), sandbox, turns
+    job.alone = bool(plan.rubric["limits"]["time_factor"])
     job.time_limit = 2 * plan.time_limit  # the kit's own code: a busy machine must not make it the grader's error
     o = job.run()
     row = job.row()
