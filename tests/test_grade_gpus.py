@@ -43,7 +43,7 @@ def test_gpus_and_cuda_clusters_are_read_before_any_job():
     assert cluster.parse("local:3") == cluster.Spec("local", 3)
     assert cluster.parse("slurm:20") == cluster.Spec("slurm", 20)
     assert cluster.parse("tcp://host:8786") == cluster.Spec("address", address="tcp://host:8786")
-    with pytest.raises(GradeError, match=r"name the GPUs after cuda: \(cuda:0,1\), or none for all"):
+    with pytest.raises(GradeError, match=r"--cluster cuda: names no GPU: give them \(cuda:0,1\), or write cuda alone"):
         cluster.parse("cuda:")
     with pytest.raises(GradeError, match=r"--cluster takes local\[:N\], cuda\[:0,1\]"):
         cluster.parse("gpu:0")

@@ -60,7 +60,7 @@ def parse(spec: str) -> Spec:
     kind = kind.lower()
     if kind == "cuda":
         if colon and not count.strip():
-            raise GradeError(f"--cluster {spec}: name the GPUs after cuda: (cuda:0,1), or none for all (cuda)")
+            raise GradeError(f"--cluster {spec} names no GPU: give them (cuda:0,1), or write cuda alone for every GPU")
         return Spec("cuda", gpus=count.strip() or "all")
     if kind != "local" and kind not in JOBQUEUE:
         raise GradeError(f"--cluster takes local[:N], cuda[:0,1], {'|'.join(JOBQUEUE)}:N or a scheduler address "
