@@ -149,7 +149,7 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     class Context:
         def __init__(self, *args):
             made.append(args)
-            self.turns = run.Turns()
+            self.turns, self.limits = run.Turns(), {}
 
     monkeypatch.setattr(run, "Context", Context)
     monkeypatch.setattr(run, "sandbox_refusal", lambda *a: "")
@@ -164,8 +164,8 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     for t in threads:
         t.join(30)
     assert len(made) == 1 and len(got) == 4 and all(c is got[0] for c in got)
-    here = cluster.turns_here()
-    assert here["gpu"] == "1" and here["turns"] == 0 and here["pid"] == os.getpid()
+    here = cluster.worker_summary()
+    assert here["gpu"] == "1" and here["turns"] == 0 and here["pid"] == os.getpid() and here["time_limits"] == {}
 
 
 def test_a_cluster_whose_workers_do_not_start_is_refused_in_one_line(monkeypatch):

@@ -191,14 +191,17 @@ def _context(spec: dict):
         return _contexts[key]
 
 
-def turns_here() -> dict:
-    """This worker's turns, over every context it made (for the report's ``meta.turns.by_worker``)."""
+def worker_summary() -> dict:
+    """This worker for the report's ``meta.turns.by_worker``: where it ran (host, pid, GPU, the cores it may use),
+    its turns and the time limits its reference jobs set, over every context it made."""
     from .turns import merged
 
     with _lock:
         summary = merged([ctx.turns.summary() for ctx in _contexts.values()])
+        limits = {stage: lim for ctx in _contexts.values() for stage, lim in ctx.limits.items()}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), "cpus": cpus, **summary}
+    return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), "cpus": cpus, **summary,
+            "time_limits": limits}
 
 
 def grade_remote(spec: dict, task: dict) -> dict:
@@ -215,7 +218,7 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
     """Rows for ``tasks`` in their order; a task without a notebook (missing stage) is answered by ``local``, a
     task whose worker was lost by ``failed(task, why)``. A row the grader's machinery could not finish for want of
     a resource (threads) is graded again at the end, alone on the cluster, as ``run.run_local`` does. Also returns
-    the description of the cluster and each worker's turns (``turns_here``: {worker address: summary})."""
+    the description of the cluster and each worker's turns (``worker_summary``: {worker address: summary})."""
     from distributed import as_completed
 
     spec = {**spec, "rubric": str(Path(spec["rubric"]).resolve()) if spec["rubric"] else None,
@@ -254,7 +257,7 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
                                                 f"{row['message']}"
                 on_row(tasks[i], rows[i])
         try:
-            by_worker = client.run(turns_here)
+            by_worker = client.run(worker_summary)
         except Exception:  # noqa: BLE001 - a worker gone by now: its turns are not known, its rows are there
             by_worker = {}
     finally:
