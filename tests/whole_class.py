@@ -7,12 +7,12 @@ writes a synthetic class of ``--students`` submissions under DIR/class (stages 0
 kit's student copies, the wrong kinds of tests/test_grade.py and tests/wrong_submissions.py, a right stage-05 kernel
 without shared memory, a slow conv and one that never ends) and grades it twice with the same seed: with
 ``labkit grade --cluster local:N`` (a Dask LocalCluster) into DIR/cluster and ``--jobs N`` on this machine into
-DIR/single (on the CUDA simulator), or with ``--gpus`` on a GPU machine: ``--gpus 0`` into DIR/one_gpu and
-``--gpus all`` (one worker per GPU) into DIR/all_gpus. ``--runs`` grades only some of the two (each run's wall time
-is kept in DIR/<run>.json, so the two can come from separate calls); once both are there it prints both runs' times,
-the speedup, the progress bar's lines and the comparison (``labkit.grading.compare_reports``): statuses, points but
-op time's, errors, accuracy and the checks' verdicts must be equal; each op time is set against the other run's
-spread. The result is DIR/comparison.json.
+DIR/single (on the CUDA simulator), or with ``--gpus`` on a GPU machine (dask-cuda: the cluster extra): ``--gpus 0``
+into DIR/one_gpu and ``--gpus all`` (one worker per GPU) into DIR/all_gpus. ``--runs`` grades only some of the two
+(each run's wall time is kept in DIR/<run>.json, so the two can come from separate calls); once both are there it
+prints both runs' times, the speedup, the progress bar's lines and the comparison
+(``labkit.grading.compare_reports``): statuses, points but op time's, errors, accuracy and the checks' verdicts must
+be equal; each op time is set against the other run's spread. The result is DIR/comparison.json.
 ``tests/test_grade.py::test_the_cluster_path_gives_the_single_machine_report`` is the small automated version.
 """
 
