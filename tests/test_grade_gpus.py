@@ -187,6 +187,45 @@ def test_a_cluster_whose_workers_do_not_start_is_refused_in_one_line(monkeypatch
         cluster.connect("cuda:0,1", [0, 1], 1)
 
 
+_RETRY = {"running": 0, "log": [], "lock": threading.Lock()}
+
+
+def _fake_grade_remote(spec, task):
+    """A task that runs out of the grader's threads the first time (task 1), each noting how many ran at once."""
+    import time
+
+    with _RETRY["lock"]:
+        _RETRY["running"] += 1
+        _RETRY["log"].append((task["n"], _RETRY["running"]))
+        first = task["n"] == 1 and sum(1 for n, _ in _RETRY["log"] if n == 1) == 1
+    time.sleep(0.2)
+    with _RETRY["lock"]:
+        _RETRY["running"] -= 1
+    if first:
+        return {"message": "the CUDA simulator could not start a thread", "details": {"resource_error": True}}
+    return {"n": task["n"], "message": "ok", "details": {}}
+
+
+def test_a_row_that_ran_out_of_the_graders_threads_is_graded_again_alone_at_the_end(monkeypatch):
+    """As on one machine (run.run_local): on a cluster too, a resource error is the grader's, tried once more when
+    nothing else runs, and the rows keep the tasks' order."""
+    from distributed import LocalCluster
+
+    _RETRY["log"].clear()
+    monkeypatch.setattr(cluster, "grade_remote", _fake_grade_remote)  # in-process workers look it up here
+    seen = []
+    with LocalCluster(n_workers=1, threads_per_worker=3, processes=False, dashboard_address=None) as local:
+        tasks = [{"n": i, "student": f"s{i}", "stage": "05", "notebook": f"s{i}.ipynb"} for i in range(6)]
+        spec = {"rubric": None, "solutions": str(REPO / "solutions")}
+        rows, where, by_worker = cluster.run_on_cluster(local.scheduler_address, spec, tasks,
+                                                        lambda task, row: seen.append(task["n"]), None, None)
+    assert [r["n"] for r in rows] == list(range(6)) and seen.count(1) == 1 and seen[-1] == 1
+    assert "the first try: the CUDA simulator could not start a thread" in rows[1]["details"]["retried"]
+    log = _RETRY["log"]
+    assert log[-1] == (1, 1)  # alone
+    assert max(n for _, n in log) > 1 and len(by_worker) == 1
+
+
 # ------------------------------------------------------------------------------------------- reports
 
 

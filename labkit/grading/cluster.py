@@ -117,13 +117,12 @@ def _started(make: Callable, workers: int, failure: str):
 def connect(spec: str, gpus: list[int] | None = None, per_gpu: int = 1):
     """(client, cluster or None, description); ``gpus`` and ``per_gpu`` (jobs at a time on each) for ``cuda``."""
     kind, workers, address, _ = parse(spec)
-    if kind == "cuda":
-        LocalCUDACluster = cuda_cluster_class("--cluster cuda")
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise GradeError("--cluster needs Dask: pip install 'labkit[cluster]' (distributed, dask-jobqueue)") from None
     if kind == "cuda":
+        LocalCUDACluster = cuda_cluster_class("--cluster cuda")
         where = f"GPU{'s' * (len(gpus) > 1)} {', '.join(map(str, gpus))}"
         # one worker process per GPU (its children see that GPU alone), per_gpu jobs at a time in it
         client, cluster = _started(lambda: LocalCUDACluster(CUDA_VISIBLE_DEVICES=list(gpus), n_workers=len(gpus),
