@@ -168,6 +168,25 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     assert here["gpu"] == "1" and here["turns"] == 0 and here["pid"] == os.getpid() and here["time_limits"] == {}
 
 
+def test_each_dask_cuda_worker_times_on_a_kept_core_of_its_own(monkeypatch):
+    """Two workers on one machine reckon the same kept cores (one per GPU), keep both free of their threads and
+    children, and each times on the one at its GPU's place: their timed phases, which may overlap, never share one."""
+    from labkit.grading import cores
+
+    monkeypatch.setattr(cores, "_allowed", lambda: list(range(8)))
+    monkeypatch.setattr(cores.Cores, "start", lambda self: None)  # (moving this test's threads is not the point)
+    kept = {}
+    for visible in ("0,1", "1,0"):  # dask-cuda's two workers
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        kept[visible[0]] = cluster.kept_core([0, 1])
+    first, second = kept["0"], kept["1"]
+    assert first.reserved == second.reserved and len(first.reserved) == 2
+    assert {first.mine, second.mine} == set(first.reserved)
+    assert first.take() == first.mine and first.take() is None  # only its own
+    assert not set(first.reserved) & (first.others | second.others)  # no worker's threads on either kept core
+    assert second.describe()["mine"] == second.mine
+
+
 def test_a_cluster_whose_workers_do_not_start_is_refused_in_one_line(monkeypatch):
     from distributed import LocalCluster
 

@@ -185,9 +185,24 @@ def _context(spec: dict):
                                       _env(spec) or None)
             if refused:  # every task of this worker fails with it: its rows say why
                 raise GradeError(f"this worker ({os.uname().nodename}) cannot grade: {refused}")
-            _contexts[key] = Context(list(spec["stages"]), rubric, Path(spec["solutions"]), info.kind == "gpu",
-                                     info.simulated, iso)
+            ctx = Context(list(spec["stages"]), rubric, Path(spec["solutions"]), info.kind == "gpu", info.simulated,
+                          iso)
+            if info.kind == "gpu" and worker_gpu() is not None and spec.get("gpus"):
+                ctx.turns.cores = kept_core(spec["gpus"])
+            _contexts[key] = ctx
         return _contexts[key]
+
+
+def kept_core(gpus: list) -> "Cores":
+    """This dask-cuda worker's share of the cores kept free for timed phases (``labkit.grading.cores``): every worker
+    reckons the same ones, one per GPU of the run, from the cores it may use (dask-cuda gives each the cores nearest
+    its GPU), keeps them all free of its threads and children, and times on the one at its GPU's place."""
+    from .cores import Cores
+
+    names = [str(g) for g in gpus]
+    cores = Cores(len(names)).share(names.index(worker_gpu()) if worker_gpu() in names else len(names))
+    cores.start()  # for the worker's life: it ends with the run
+    return cores
 
 
 def worker_summary() -> dict:
@@ -198,9 +213,10 @@ def worker_summary() -> dict:
     with _lock:
         summary = merged([ctx.turns.summary() for ctx in _contexts.values()])
         limits = {stage: lim for ctx in _contexts.values() for stage, lim in ctx.limits.items()}
+        kept = next((ctx.turns.cores for ctx in _contexts.values() if getattr(ctx.turns, "cores", None)), None)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), "cpus": cpus, **summary,
-            "time_limits": limits}
+            "time_limits": limits, **({"cores": kept.describe()} if kept else {})}
 
 
 def grade_remote(spec: dict, task: dict) -> dict:

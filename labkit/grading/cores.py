@@ -68,12 +68,13 @@ class Cores:
         self.reserved.sort()
         self.others = set(left)
         self._free = list(self.reserved)
+        self.mine: int | None = None  # the kept core this process times on, where several share them (share)
         self._lock = threading.Lock()
         self._before: dict[int, set[int]] = {}
 
     def describe(self) -> dict:
         return {"reserved": self.reserved, "idle_siblings": sorted(self.idle), "others": sorted(self.others),
-                **({"why": self.why} if self.why else {})}
+                **({"mine": self.mine} if self.mine is not None else {}), **({"why": self.why} if self.why else {})}
 
     def start(self) -> None:
         """The grader's own threads (and so every child it starts) onto the other cores."""
@@ -94,6 +95,15 @@ class Cores:
             except OSError:
                 pass
         self._before.clear()
+
+    def share(self, index: int) -> "Cores":
+        """One of several processes that reckoned the same cores (one per device: dask-cuda's workers, one per GPU)
+        takes the ``index``-th kept core as its own: each keeps every one of them free of its threads and children,
+        and times on its own."""
+        with self._lock:
+            self.mine = self.reserved[index] if index < len(self.reserved) else None
+            self._free = [self.mine] if self.mine is not None else []
+        return self
 
     def take(self) -> int | None:
         with self._lock:
