@@ -1,0 +1,362 @@
+"""Issue 33, point 3: a class of 60 (student, stage) jobs of stages 04-10 graded on one GPU and on two, compared.
+
+    python3 tools/two_gpu_demo.py OUT [--jobs-per-gpu 6] [--only one_gpu|two_gpus] [--part K/N] [--seed 2033]
+                                      [--class-dir DIR] [--simulate [--students NAME,...]] [--compare]
+
+writes the class (made from the kit's own solutions: right ones, the kit's student copies, wrong kinds of
+tests/wrong_submissions.py, tests/test_grade_tasks.py and tools/load_grading.py, a right stage-05 conv without shared
+memory, and slow ones whose conv does its work three times) under --class-dir (default OUT/class) and the rubric
+OUT/rubric.toml, then grades it twice with the same seed: ``labkit grade --gpus 0 --jobs P`` into OUT/one_gpu and
+``--gpus 0,1 --jobs 2P`` into OUT/two_gpus (P: --jobs-per-gpu), each through dask-cuda, one worker per GPU. Each
+run's wall time is kept in OUT/<run>.json, so the runs, or parts of them, can come from separate calls: ``--only``
+grades one run, ``--part K/N`` every N-th student from the K-th into that run's report (``--merge``; its wall adds
+to the run's). Once both runs are whole it writes OUT/comparison.json and OUT/comparison.md: per (student, stage)
+the status and every part's points in both runs (equal, or the difference listed), the op-time ratio (student /
+reference) in both with max/min - 1, and the walls. Exit status 1 when a goal is missed: a difference, a ratio
+apart by more than 5 %, or two GPUs less than 1.8 times faster.
+
+``--simulate`` is the dry run where there is no GPU: the CUDA simulator grades, and tests/fake_dask_cuda.py stands in
+for dask-cuda (its worker processes, one per "GPU", each with that GPU first in CUDA_VISIBLE_DEVICES); op time is not
+measured there, so only statuses and points are compared. Run it from the repository's root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(HERE)]
+
+STAGES = ("04", "05", "06", "07", "08", "09", "10")
+RUNS = {"one_gpu": "0", "two_gpus": "0,1"}  # the run's --gpus
+PARTS = ("status", "correctness_points", "accuracy_points", "op_time_points", "technique_points", "task_points",
+         "max_score")
+GOALS = {"ratio_spread": 0.05, "speedup": 1.8}
+
+# each stage's timed variant, the one its wrong kinds change (tests/wrong_submissions.py; stage 10: the graded one of
+# tests/test_grade_tasks.py); the time limit fixed (no reference job's wall time scales it: the reference jobs then
+# take turns for their timed phase only, beside the other jobs), op time the best of 9 passes
+RUBRIC_HEAD = """[limits]
+time_factor = 0
+time_s = 300
+sim_time_s = 900
+memory_mb = 8192
+
+[timing]
+repeat = 9
+"""
+
+SLOW = '''
+
+def _three_times(conv):
+    def conv_slow(*args, **kwargs):  # right, and three times the work
+        for _ in range(3):
+            conv(*args, **kwargs)
+    return conv_slow
+
+
+for _variant in VARIANTS.values():
+    for _name in [k for k in _variant.impls if k.startswith("conv")]:
+        _variant.impls[_name] = _three_times(_variant.impls[_name])
+'''
+
+
+def timed_variants() -> dict[str, str]:
+    import wrong_submissions
+
+    return {**{n: v for n, (_, v) in wrong_submissions.STAGES.items()}, "10": "whole_fashion"}
+
+
+#: stages graded on more than their timed variant: 08's fused kernel too (its barrier kind is there)
+ALSO = {"08": ["implicit_gemm"]}
+
+
+def rubric_text() -> str:
+    return RUBRIC_HEAD + "".join(f'\n[stage."{n}"]\nvariants = {json.dumps([*ALSO.get(n, []), v])}\n'
+                                 f'timed_variant = "{v}"\n' for n, v in timed_variants().items())
+
+
+# ------------------------------------------------------------------------------------------- the class
+
+
+def class_plan() -> dict[str, list[tuple[str, object]]]:
+    """stage -> [(kind, edit)]: 60 jobs. An edit takes the notebook (nbformat) and changes it; "copy" is the kit's
+    student copy (every function still the TODO stub)."""
+    import stage_class
+    import test_grade_tasks as t10
+    import wrong_submissions as w
+
+    from load_grading import MISSING_BARRIER
+
+    def kernel_cells(nb):
+        return [c for c in nb.cells if c.cell_type == "code" and "kernel" in c.metadata.get("tags", [])]
+
+    def kind(name):
+        return lambda nb: w.KINDS[name].edit(kernel_cells(nb))
+
+    def slow(nb):
+        kernel_cells(nb)[-1].source += SLOW
+
+    def plain(nb):
+        kernel_cells(nb)[-1].source += stage_class.PLAIN_CONV
+
+    def replace(old, new):
+        def edit(nb):
+            cell = next(c for c in kernel_cells(nb) if old in c.source)
+            cell.source = cell.source.replace(old, new, 1)
+        return edit
+
+    def stage10(graph, pipeline, tagged):
+        def edit(nb):
+            from labkit import nbcells
+
+            cell = t10._defining(nb, "graph_call")
+            cell.source += graph
+            tags = [t for t in cell.metadata.get("tags", []) if t != nbcells.KERNEL_TAG]
+            cell.metadata["tags"] = [*tags, nbcells.KERNEL_TAG] if tagged else tags
+            t10._defining(nb, "classify_streamed").source += pipeline
+        return edit
+
+    right = [("correct", None)] * 4
+    return {
+        "04": [*right[:2], ("slow", slow), *[(k, kind(k)) for k in (
+            "halo", "unwritten", "batch0", "transposed", "channel_race", "grid", "nhwc", "library_numpy", "timer",
+            "memo_content", "stream_deferred", "untimed_layer")]],
+        "05": [*right, ("slow", slow), ("no_technique", plain), ("token_shared", kind("token_shared")),
+               ("copy", "copy")],
+        "06": [*right, ("slow", slow), ("id_cache", kind("id_cache")), ("counter_patch", kind("counter_patch")),
+               ("copy", "copy")],
+        "07": [*right, ("slow", slow), ("copy", "copy")],
+        "08": [*right[:3], ("slow", slow), ("given_as_own", kind("given_as_own")),
+               ("given_wrapped", kind("given_wrapped")), ("missing_barrier", replace(*MISSING_BARRIER)),
+               ("copy", "copy")],
+        "09": [*right, ("slow", slow), ("cuda_c_wrong_source", kind("cuda_c_wrong_source")), ("copy", "copy")],
+        "10": [*right[:3], *[(k, stage10(*v)) for k, v in t10.CLASS.items()], ("copy", "copy")],
+    }
+
+
+def write_class(root: Path) -> list[str]:
+    """One folder per (student, stage), named so that sorted they take the stages in turn (the first jobs graded
+    are every stage's first, and so each stage's reference job starts early): r00_s04_correct, r00_s05_correct..."""
+    import nbformat
+
+    from labkit.stages import STAGES as ALL
+
+    names = []
+    for stage, jobs in class_plan().items():
+        notebook = ALL[stage].notebook
+        for r, (kind, edit) in enumerate(jobs):
+            name = f"r{r:02d}_s{stage}_{kind}"
+            src = REPO / ("notebooks" if edit == "copy" else "solutions") / notebook
+            nb = nbformat.read(src, as_version=4)
+            if callable(edit):
+                edit(nb)
+            (root / name / "notebooks").mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, root / name / "notebooks" / notebook)
+            names.append(name)
+    return sorted(names)
+
+
+# ------------------------------------------------------------------------------------------- the runs
+
+
+def grade_run(out: Path, klass: Path, run: str, jobs_per_gpu: int, seed: int, part: tuple[int, int] | None,
+              simulate: bool) -> float:
+    from labkit import grading
+
+    students = sorted(p.name for p in klass.iterdir() if p.is_dir())
+    if part:
+        k, n = part
+        students = students[k - 1::n]
+    gpus = RUNS[run]
+    jobs = jobs_per_gpu * len(gpus.split(","))
+    command = (f"labkit grade class --stages {','.join(STAGES)} --rubric rubric.toml --gpus {gpus} --jobs {jobs} "
+               f"--seed {seed}" + (f" --students {','.join(students)} --merge" if part else ""))
+    print(f"{run}{f' part {part[0]}/{part[1]}' if part else ''}: {command}", flush=True)
+    start = time.monotonic()
+    grading.grade(klass, stages=list(STAGES), rubric=out / "rubric.toml", out=out / run, jobs=jobs, seed=seed,
+                  progress=True, command=command, students=students if part else None, gpus=gpus,
+                  merge=bool(part), gradescope=False)
+    wall = round(time.monotonic() - start, 1)
+    record = out / f"{run}.json"
+    walls = json.loads(record.read_text()) if record.is_file() and part else {"parts": {}}
+    walls["parts"][f"{part[0]}/{part[1]}" if part else "whole"] = wall
+    walls.update(gpus=gpus, jobs=jobs, jobs_per_gpu=jobs_per_gpu, simulated=simulate,
+                 wall_s=round(sum(walls["parts"].values()), 1),
+                 whole=not part or len(walls["parts"]) == part[1])
+    record.write_text(json.dumps(walls, indent=1))
+    print(f"{run}: {wall} s", flush=True)
+    return wall
+
+
+def _gpu_counts(rows: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        gpu = (r.get("details") or {}).get("gpu")
+        if r["status"] != "missing" and gpu is not None:
+            counts[gpu] = counts.get(gpu, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def compare(out: Path) -> dict:
+    reports = {run: json.loads((out / run / "grades.json").read_text()) for run in RUNS}
+    walls = {run: json.loads((out / f"{run}.json").read_text()) for run in RUNS}
+    rows: dict = {}
+    for run, rep in reports.items():
+        for r in rep["rows"]:
+            if r["status"] != "missing":
+                rows.setdefault((r["student"], r["stage"]), {})[run] = r
+    table, differences, spreads = [], [], []
+    for (student, stage), by_run in sorted(rows.items()):
+        if set(by_run) != set(RUNS):
+            differences.append(f"{student} {stage}: graded in {', '.join(by_run)} only")
+            continue
+        one, two = by_run["one_gpu"], by_run["two_gpus"]
+        for part in PARTS:
+            if one.get(part) != two.get(part):
+                differences.append(f"{student} {stage}: {part} {one.get(part)!r} on one GPU, {two.get(part)!r} on two")
+        ratios = [one.get("ratio"), two.get("ratio")]
+        spread = max(ratios) / min(ratios) - 1 if all(isinstance(v, float) and v > 0 for v in ratios) else None
+        if spread is not None:
+            spreads.append(spread)
+        table.append({"student": student, "stage": stage, "status": one["status"], "score": one["score"],
+                      "scores": [one["score"], two["score"]], "max_score": one["max_score"], "ratios": ratios,
+                      "ratio_spread": spread, "gpu_on_two": (two.get("details") or {}).get("gpu"),
+                      "message": one["message"][:160]})
+    wall_one, wall_two = walls["one_gpu"]["wall_s"], walls["two_gpus"]["wall_s"]
+    speedup = round(wall_one / wall_two, 2) if wall_two else None
+    simulated = any(w.get("simulated") for w in walls.values())
+    largest = max(spreads) if spreads else None
+    missed = [f"{len(differences)} difference(s) in status or points"] if differences else []
+    if largest is not None and largest > GOALS["ratio_spread"]:
+        missed.append(f"an op-time ratio {100 * largest:.1f} % apart (goal: within "
+                      f"{100 * GOALS['ratio_spread']:.0f} %)")
+    if not simulated and (speedup is None or speedup < GOALS["speedup"]):
+        missed.append(f"two GPUs {speedup}x as fast as one (goal: at least {GOALS['speedup']}x)")
+    meta = {run: rep["meta"] for run, rep in reports.items()}
+    statuses: dict[str, int] = {}
+    for t in table:
+        statuses[t["status"]] = statuses.get(t["status"], 0) + 1
+    result = {
+        "jobs": len(table), "statuses": statuses, "differences": differences,
+        "largest_ratio_spread": largest, "ratios_compared": len(spreads),
+        "walls": {run: {"wall_s": w["wall_s"], "parts": w["parts"], "gpus": w["gpus"], "jobs": w["jobs"],
+                        "graded_on": meta[run]["graded_on"], "turns": {k: v for k, v in meta[run]["turns"].items()
+                                                                       if k != "rule"}}
+                  for run, w in walls.items()},
+        "speedup": speedup, "goals": GOALS, "missed": missed, "simulated": simulated,
+        "rows_per_gpu": {run: _gpu_counts(rep["rows"]) for run, rep in reports.items()},
+        "device": meta["two_gpus"]["device"], "gpus": meta["two_gpus"]["environment"].get("gpus"),
+        "seed": meta["two_gpus"]["seed"], "dates": {run: m["date"] for run, m in meta.items()},
+        "rows": table,
+    }
+    (out / "comparison.json").write_text(json.dumps(result, indent=1))
+    (out / "comparison.md").write_text(markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    gpus = ", ".join(f"{g.get('index')}: {g.get('name')} ({g.get('uuid')})" for g in result["gpus"] or []) or "none"
+    lines = [f"# {result['jobs']} (student, stage) jobs on one GPU and on two ({result['device']})", "",
+             f"GPUs: {gpus}. Seed {result['seed']}; graded {result['dates']['one_gpu']} and "
+             f"{result['dates']['two_gpus']}." + (" CUDA simulator (dry run): op time not measured."
+                                                  if result["simulated"] else ""), "",
+             "| run | --gpus | --jobs | wall (s) | parts | turns | longest wait for a turn (s) | rows per GPU |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run, w in result["walls"].items():
+        lines.append(f"| {run} | {w['gpus']} | {w['jobs']} | {w['wall_s']} | {len(w['parts'])} | "
+                     f"{w['turns'].get('turns')} | {w['turns'].get('longest_wait_s')} | "
+                     f"{result['rows_per_gpu'][run]} |")
+    spread = result["largest_ratio_spread"]
+    lines += ["", f"Two GPUs: {result['speedup']}x as fast as one (goal: at least {GOALS['speedup']}x).",
+              f"Op-time ratios compared: {result['ratios_compared']}; the largest max/min - 1: "
+              + (f"{100 * spread:.1f} %" if spread is not None else "-")
+              + f" (goal: within {100 * GOALS['ratio_spread']:.0f} %).",
+              f"Statuses: {result['statuses']}.",
+              f"Differences in status or points between the runs: {len(result['differences'])}"
+              + "".join(f"\n- {d}" for d in result["differences"]),
+              "", "Goals missed: " + ("; ".join(result["missed"]) if result["missed"] else "none"), "",
+              "| student | stage | status | score (one, two) | op-time ratio (one, two) | max/min - 1 | GPU (two) |",
+              "|---|---|---|---|---|---|---|"]
+    for t in result["rows"]:
+        ratios = ", ".join(f"{v:.3f}" if isinstance(v, float) else "-" for v in t["ratios"])
+        spread = f"{100 * t['ratio_spread']:.1f} %" if t["ratio_spread"] is not None else "-"
+        lines.append(f"| {t['student']} | {t['stage']} | {t['status']} | {t['scores'][0]:g}, {t['scores'][1]:g} / "
+                     f"{t['max_score']:g} | {ratios} | {spread} | {t['gpu_on_two']} |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def _simulated_gpus() -> None:
+    """No GPU here: the simulator, and the stand-in for dask-cuda with two "GPUs"."""
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    import fake_dask_cuda
+    from labkit.grading import run
+
+    class Patch:
+        def setitem(self, mapping, key, value):
+            mapping[key] = value
+
+    fake_dask_cuda.install(Patch())
+    run.available_gpus = lambda: [0, 1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--jobs-per-gpu", type=int, default=6)
+    ap.add_argument("--only", choices=list(RUNS), help="grade this run only (the other in another call)")
+    ap.add_argument("--part", help="K/N: grade every N-th student from the K-th, merged into the run's report")
+    ap.add_argument("--seed", type=int, default=2033)
+    ap.add_argument("--class-dir", type=Path, help="where the class is written (default OUT/class)")
+    ap.add_argument("--simulate", action="store_true", help="no GPU: the simulator and a stand-in for dask-cuda")
+    ap.add_argument("--compare", action="store_true", help="only compare the runs already in OUT")
+    ap.add_argument("--students", help="a dry run: write only these of the class (names, comma-separated)")
+    args = ap.parse_args(argv)
+    part = None
+    if args.part:
+        try:
+            part = tuple(int(v) for v in args.part.split("/"))
+            assert len(part) == 2 and 1 <= part[0] <= part[1]
+        except (ValueError, AssertionError):
+            ap.error(f"--part takes K/N with 1 <= K <= N, not {args.part!r}")
+    if args.simulate:
+        _simulated_gpus()
+    out = args.out
+    klass = args.class_dir or out / "class"
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.compare:
+        if not klass.is_dir():
+            names = write_class(klass)
+            if args.students:
+                keep = args.students.split(",")
+                unknown = sorted(set(keep) - set(names))
+                if unknown:
+                    shutil.rmtree(klass)
+                    ap.error(f"--students: no {unknown[0]} in the class (its names: {', '.join(names)})")
+                for name in set(names) - set(keep):
+                    shutil.rmtree(klass / name)
+        (out / "rubric.toml").write_text(rubric_text())
+        for run in [args.only] if args.only else list(RUNS):
+            grade_run(out, klass, run, args.jobs_per_gpu, args.seed, part, args.simulate)
+    done = all((out / f"{run}.json").is_file() and json.loads((out / f"{run}.json").read_text())["whole"]
+               and (out / run / "grades.json").is_file() for run in RUNS)
+    if not done:
+        print("comparison: not yet (both runs whole are needed)")
+        return 0
+    result = compare(out)
+    print((out / "comparison.md").read_text())
+    return 1 if result["missed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
