@@ -1,0 +1,77 @@
+"""tools/two_gpu_demo.py, the class of issue 33's point 3 and its comparison (the grading itself needs two GPUs, or its
+--simulate dry run: minutes on the simulator, not run here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tool_modules  # noqa: E402  (tests/ is on the path)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+demo = tool_modules.load("two_gpu_demo")
+
+
+def test_the_class_is_60_jobs_of_stages_04_to_10_taking_turns(tmp_path):
+    names = demo.write_class(tmp_path / "class")
+    assert len(names) == 60 and names == sorted(names)
+    stages = [n.split("_")[1][1:] for n in names]
+    assert set(stages) == set(demo.STAGES)
+    assert sorted(stages[:len(demo.STAGES)]) == list(demo.STAGES)  # the first jobs graded: one of each stage
+    for stage in demo.STAGES:
+        kinds = {n.split("_", 2)[2] for n in names if n.split("_")[1] == f"s{stage}"}
+        assert "correct" in kinds and len(kinds) >= 3, (stage, kinds)  # right ones, and ones that are not
+        assert "slow" in kinds or stage == "10", stage
+    for name in names:  # one notebook each, the stage's
+        assert len(list((tmp_path / "class" / name / "notebooks").glob("*.ipynb"))) == 1
+    rubric = tomllib.loads(demo.rubric_text())
+    assert rubric["limits"]["time_factor"] == 0  # fixed limits: reference jobs take turns for their timing only
+    for stage, timed in demo.timed_variants().items():
+        assert rubric["stage"][stage]["timed_variant"] == timed and timed in rubric["stage"][stage]["variants"]
+
+
+def _report(rows, gpus=None):
+    return {"meta": {"graded_on": "here", "turns": {"turns": len(rows), "rule": "..."}, "device": "NVIDIA H100",
+                     "environment": {"gpus": gpus or []}, "seed": 7, "date": "2026-11-27"},
+            "rows": [{"status": "pass", "correctness_points": 50.0, "accuracy_points": 0.0, "op_time_points": 30.0,
+                      "technique_points": 0.0, "task_points": 0.0, "max_score": 80.0, "score": 80.0, "message": "ok",
+                      "stage": "05", **r} for r in rows]}
+
+
+def _runs(out: Path, one: list, two: list, walls=(100.0, 50.0)) -> None:
+    for (run, rows), wall in zip((("one_gpu", one), ("two_gpus", two)), walls):
+        (out / run).mkdir(parents=True, exist_ok=True)
+        (out / run / "grades.json").write_text(json.dumps(_report(rows)))
+        (out / f"{run}.json").write_text(json.dumps({"parts": {"whole": wall}, "gpus": demo.RUNS[run], "jobs": 2,
+                                                     "wall_s": wall, "whole": True, "simulated": False}))
+
+
+def test_the_comparison_holds_the_runs_to_the_goals(tmp_path):
+    one = [{"student": "a", "ratio": 1.00, "details": {"gpu": "0"}}, {"student": "b", "ratio": 3.0}]
+    two = [{"student": "a", "ratio": 1.03, "details": {"gpu": "1"}}, {"student": "b", "ratio": 2.9}]
+    _runs(tmp_path, one, two)
+    assert demo.main([str(tmp_path), "--compare"]) == 0
+    result = json.loads((tmp_path / "comparison.json").read_text())
+    assert result["differences"] == [] and result["speedup"] == 2.0 and result["missed"] == []
+    assert abs(result["largest_ratio_spread"] - 0.0345) < 1e-3 and result["rows_per_gpu"]["two_gpus"] == {"1": 1}
+    assert "| a | 05 | pass |" in (tmp_path / "comparison.md").read_text()
+
+    two[1] = {"student": "b", "ratio": 2.0, "status": "fail", "score": 0.0}  # a status, and a ratio 50 % apart
+    _runs(tmp_path, one, two, walls=(100.0, 60.0))
+    assert demo.main([str(tmp_path), "--compare"]) == 1
+    missed = json.loads((tmp_path / "comparison.json").read_text())["missed"]
+    assert any("difference" in m for m in missed) and any("op-time ratio 50.0 % apart" in m for m in missed)
+    assert any("1.67x as fast" in m for m in missed)
+
+
+def test_a_run_in_parts_is_compared_only_once_whole(tmp_path):
+    _runs(tmp_path, [{"student": "a", "ratio": 1.0}], [{"student": "a", "ratio": 1.0}])
+    record = json.loads((tmp_path / "two_gpus.json").read_text())
+    (tmp_path / "two_gpus.json").write_text(json.dumps({**record, "parts": {"1/2": 20.0}, "whole": False}))
+    assert demo.main([str(tmp_path), "--compare"]) == 0 and not (tmp_path / "comparison.json").exists()
