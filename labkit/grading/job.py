@@ -22,6 +22,7 @@ from ..engine import NanCauses
 from ..nets import get_net
 from . import environment, hints, isolation, sandbox, scoring
 from . import protocol as P
+from .phases import PhaseClock, rounded
 from .plan import References, StagePlan
 from .protocol import read_array
 from .scoring import JobOutcome
@@ -235,6 +236,7 @@ class ReferenceTiming:
     error: str | None = None
     device: str = ""
     seconds: float = 0.0
+    phases_s: dict = dataclasses.field(default_factory=dict)  # where its wall time went (labkit.grading.phases)
 
 
 def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_extra: dict | None = None,
@@ -249,7 +251,7 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     o = job.run()
     row = job.row()
     result = ReferenceTiming(runs=o.timing_runs, method=o.timing_method, mismatches=o.timing_mismatches,
-                             device=o.device, seconds=o.seconds)
+                             device=o.device, seconds=o.seconds, phases_s=rounded(o.phases))
     # its timed passes' own mismatches (float32 near-ties) only widen the students' allowance: not a failure
     passed = row["status"] == "pass" or (o.checks_done and scoring.checks_passed(o) and scoring.accuracy_passed(o)
                                           and not o.forbidden and not o.tampered_code and not o.grader_error)
@@ -351,6 +353,7 @@ class Job:
         self.alone = False  # a reference job: the whole machine's turn for its whole run
         self.running: Running | None = None
         self._task_expected: dict[int, dict] = {}  # task call id -> what the grader expects of it
+        self.clock = PhaseClock(lambda: self.running.paused_s() if self.running is not None else 0.0)
 
     # ---- inputs
     def build(self, folder: Path) -> P.JobSpec:
@@ -535,6 +538,7 @@ class Job:
 
     # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
     def _on_hello(self, msg: P.Hello, payload, answer) -> None:
+        self.clock.switch("load")  # started: its interpreter, imports, snapshot and inputs are behind it
         self.outcome.device = msg.device
         iso = self.running.sandbox if self.running is not None else isolation.Isolation()
         refused = _not_as_the_grader(self.lib, msg, iso)
@@ -542,6 +546,8 @@ class Job:
 
     def _on_phase(self, msg: P.Phase | P.Start, payload, answer) -> None:
         self.outcome.phase = msg.what[:200]
+        if isinstance(msg, P.Phase) and msg.step in scoring.PHASES:  # the child's own phases only
+            self.clock.switch(msg.step)
 
     def _on_load_error(self, msg: P.LoadError, payload, answer) -> None:
         self.outcome.load_error = msg.message[:2000]
@@ -637,6 +643,7 @@ class Job:
 
     def _on_done(self, msg, payload, answer) -> None:
         self.outcome.done = True
+        self.clock.switch("end")
 
     HANDLERS = {P.Hello: _on_hello, P.Phase: _on_phase, P.Start: _on_phase,
                 P.LoadError: _on_load_error, P.Loaded: _on_loaded, P.CaseResult: _on_case,
@@ -677,6 +684,7 @@ class Job:
         if o.grader_error:  # the reference could not be timed: the grader's problem, said in this job's row
             return o
         start = time.monotonic()
+        self.clock.switch("start")
         folder, self.lib, solutions, guard = _private_folder(self.plan)
         iso = self.sandbox if self.sandbox is not None else isolation.choose()
         self.running = Running(iso, self.device)
@@ -684,14 +692,18 @@ class Job:
         try:
             student_nb = folder / "student" / self.notebook.name
             shutil.copyfile(self.notebook, student_nb)
+            self.clock.switch("inputs")
             job = self.build(folder)
             job.notebook, job.tuning = str(student_nb), _tuning_copy(folder)
+            self.clock.switch("start")
             limits = self.plan.rubric["limits"]
             with self.turns.hold(self.running) if self.alone and self.turns is not None else nullcontext():
                 end = sandbox.run_child(job.to_json(), folder,
                                         _child_env(folder, self.lib, solutions, self.env_extra), self.time_limit,
                                         limits["memory_mb"], job.memory_guard == "rss", self.handle, iso,
                                         self.running, self.turns)
+            if self.clock.current != "end":  # no last frame (ended at its limit, crashed): its phase ends here
+                self.clock.switch("end")
             o.time_limit = self.time_limit
             o.timed_out, o.memory_exceeded, o.returncode, o.stderr_tail, o.survivors = \
                 end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail, end.survivors
@@ -700,6 +712,7 @@ class Job:
             o.last_kernel = _last_kernel(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+            o.phases = self.clock.stop()
         if not self.plan.technique():
             o.finished.add("technique")
         if self.gpu and o.technique is not None:
@@ -725,6 +738,7 @@ class Job:
         c = counted.run()
         o = self.outcome
         o.paused_s += c.paused_s
+        self.clock.add(c.phases, "technique")  # the second child exists for the technique only
         t = c.technique or {"passed": False, "line": f"{self.plan.technique()['layer']} uses "
                                                      f"{self.plan.technique()['memory']} memory: not counted on the "
                                                      f"simulator ({TechniqueJob.failure(c)})"}
