@@ -545,10 +545,13 @@ class Job:
         student = StudentPhases(self)
         # the phases that settle the status (what the code computes, with what, and whether it patches the grader)
         # first; the technique's count, which only adds its points, last
+        # each phase with its frame, made before any student code runs (nothing it patches reaches them)
+        steps = [(phase, P.Phase(PHASE_WORDS[phase.__name__], step=phase.__name__))
+                 for phase in (student.load, student.checks, student.tasks, student.accuracy, student.timing,
+                               student.technique)]
         try:
-            for phase in (student.load, student.checks, student.tasks, student.accuracy, student.timing,
-                          student.technique):
-                self.send(P.Phase(PHASE_WORDS[phase.__name__], step=phase.__name__))  # its seconds begin now
+            for phase, frame in steps:
+                self.send(frame)  # the parent's clock: its seconds begin now
                 if not phase():
                     break
         except _Tampered as t:
