@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,12 @@ from click.testing import CliRunner
 
 from labkit.cli import main
 from labkit.grading import phases, refcache, run
+from labkit.grading.ahead import Ahead
 from labkit.grading.job import ReferenceTiming
 from labkit.grading.plan import StagePlan
 from labkit.grading.protocol import VariantSpec
 from labkit.grading.rubric import GradeError, load_rubric
+from labkit.grading.turns import Running, Turns
 from labkit.stages import STAGES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +48,61 @@ def test_the_phase_clock_keeps_time_stopped_apart_from_the_phases():
     assert got == {"start": 2.0, "load": 5.0, "waiting": 3.5, "checks": 1.0, "technique": 3.0}
     assert phases.own_seconds(got) == 11.0  # wall 11 s + the second child's 3 s, less the 3 s stopped
     assert list(phases.rounded(got)) == ["start", "load", "checks", "technique", "waiting"]
+
+
+# ------------------------------------------------------------------------------------- the parent's work ahead
+
+
+class _Box:
+    def pause(self, child, stop):
+        pass
+
+
+def _running(n):
+    r = Running(_Box(), "cpu")
+    r.child = n
+    return r
+
+
+def test_the_parents_work_ahead_never_runs_beside_another_jobs_turn():
+    turns, mine, other = Turns(), _running(1), _running(2)
+    for r in (mine, other):
+        turns.started(r)
+    turns.acquire(other, "cpu")  # another job times: no piece of mine may start
+    log = []
+
+    def piece(k):
+        def run():
+            log.append(("start", k, time.monotonic()))
+            time.sleep(0.2)
+            log.append(("end", k, time.monotonic()))
+            return k
+        return run
+
+    ahead = Ahead([piece(0), piece(1)], turns, mine)
+    time.sleep(0.3)
+    assert log == [], "a piece ran beside another job's turn"
+    turns.release(other)
+    time.sleep(0.05)  # piece 0 runs now; a turn taken meanwhile waits for it to end
+    turns.acquire(other, "cpu")
+    taken = time.monotonic()
+    assert log[0][0] == "start" and any(e[0] == "end" and e[1] == 0 and e[2] <= taken for e in log), log
+    time.sleep(0.3)
+    assert [e for e in log if e[1] == 1] == [], "piece 1 started during the turn"
+    turns.release(other)
+    assert ahead.result() == [0, 1]
+    # the job's own turn (a reference job holds the machine's for its whole run) does not hold its own pieces back
+    turns.acquire(mine, "cpu")
+    assert Ahead([lambda: 7], turns, mine).result() == [7]
+    turns.release(mine)
+
+
+def test_work_ahead_that_is_not_needed_is_left_out():
+    gate, done = threading.Event(), []
+    ahead = Ahead([gate.wait, lambda: done.append(1)], None, None)
+    ahead.cancel()
+    gate.set()
+    assert ahead.result() == [True] and done == []
 
 
 # ------------------------------------------------------------------------------------------ the cache's rules

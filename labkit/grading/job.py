@@ -22,6 +22,7 @@ from ..engine import NanCauses
 from ..nets import get_net
 from . import environment, hints, isolation, sandbox, scoring
 from . import protocol as P
+from .ahead import Ahead
 from .phases import PhaseClock, rounded
 from .plan import References, StagePlan
 from .protocol import read_array
@@ -269,10 +270,10 @@ def timed_probabilities(payload: bytes, passes: int, images: int) -> list | None
     return probs
 
 
-def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray]) -> list[np.ndarray]:
-    """The float64 reference's class probabilities on each timed pass's images."""
+def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray]) -> list:
+    """The float64 reference's class probabilities on each timed pass's images: one piece of work a pass."""
     wl = refs.get(*plan.timing_run())[0]
-    return [np.asarray(reference.forward(wl.net, wl.weights, x), np.float64) for x in images]
+    return [lambda x=x: np.asarray(reference.forward(wl.net, wl.weights, x), np.float64) for x in images]
 
 
 def mismatches(expected: list[np.ndarray], probs: list) -> list[int]:
@@ -347,6 +348,7 @@ class Job:
         self._hinted = False
         self.time_limit = plan.time_limit  # the rubric's, or the one that follows from the reference's job
         self._pass_images: list = []  # each timed pass's images (fresh): the reference's answers are computed here
+        self._expected: Ahead | None = None  # ... from the moment they are drawn (labkit.grading.ahead)
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
         self.turns: Turns | None = None  # the run's turns (labkit.grading.turns): None, no other job to stop
@@ -406,6 +408,8 @@ class Job:
             accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
         timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
+        if self._pass_images:  # computed while the child loads and checks, never beside another job's turn
+            self._expected = Ahead(expected_passes(self.refs, plan, self._pass_images), self.turns, self.running)
         task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
         self.outcome.task_calls = {}
         for want in self._task_expected.values():
@@ -577,7 +581,10 @@ class Job:
         o.finished.add("checks")
         if msg.emulated:
             o.notes.append(f"its CUDA C ran on the {CUDA_C_LABEL} (labkit.cudacpu): the checks a GPU runs, no timing")
-        answer(P.Answer.CONTINUE if scoring.checks_passed(o) and not o.forbidden else P.Answer.STOP)
+        go = scoring.checks_passed(o) and not o.forbidden
+        if not go:
+            self._no_timing()
+        answer(P.Answer.CONTINUE if go else P.Answer.STOP)
 
     def _on_task(self, msg: P.TaskResult, payload, answer) -> None:
         want = self._task_expected.get(msg.id)
@@ -594,10 +601,18 @@ class Job:
         answer(P.Answer.STOP if why else P.Answer.CONTINUE)
 
     def _on_turn(self, msg: P.Turn, payload, answer) -> None:
-        """The timed phase waits for its turn: every other job stopped (``labkit.grading.turns``)."""
+        """The timed phase waits for its turn: every other job stopped (``labkit.grading.turns``), and the parent's
+        answers for its passes computed (nothing of the parent's runs beside its timing)."""
+        if self._expected is not None:
+            self._expected.result()
         if self.turns is not None and self.running is not None:
             self.turns.acquire(self.running, WHOLE if self.alone else self.device)
         answer(P.Answer.CONTINUE)
+
+    def _no_timing(self) -> None:
+        """The job will not be timed: the parent's answers for its passes are not needed."""
+        if self._expected is not None:
+            self._expected.cancel()
 
     def _release_turn(self) -> None:
         if self.turns is not None and self.running is not None and not self.alone:
@@ -618,6 +633,7 @@ class Job:
         go = self.plan.measured and (scoring.accuracy_passed(o) or not req)
         if not go:
             o.finished.add("timing")  # nothing to time
+            self._no_timing()
         answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE if go else P.Answer.SKIP)
 
     def _on_timing(self, msg: P.Timing, payload, answer) -> None:
@@ -630,8 +646,7 @@ class Job:
         o.timing_runs, o.timing_method, o.quiet_s = self._runs(msg.runs), msg.method, msg.quiet_s
         o.quiet_probe = msg.probe
         preds = self._predictions(payload, o.timing_runs)
-        o.timing_mismatches = mismatches(expected_passes(self.refs, self.plan, self._pass_images), preds) \
-            if preds else None
+        o.timing_mismatches = mismatches(self._expected.result(), preds) if preds and self._expected else None
         self._trace(msg.trace, self.plan.timed, True)  # a library call made only in the timed passes
 
     def _on_tampered(self, msg: P.Tampered, payload, answer) -> None:
@@ -713,6 +728,7 @@ class Job:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             o.phases = self.clock.stop()
+            self._no_timing()  # (a job that ended early)
         if not self.plan.technique():
             o.finished.add("technique")
         if self.gpu and o.technique is not None:
