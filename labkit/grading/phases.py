@@ -22,10 +22,12 @@ MEANING = {
              "snapshot, reading its inputs: until its hello",
     "inputs": "the parent draws the job's inputs and computes the float64 answers, writes inputs.npz",
     "load": "the student's kernel cells executed, VARIANTS read, the own-kernels scan",
-    "checks": "every layer at every batch size and the whole network, each compared in the parent",
+    "checks": "every layer at every batch size and the whole network, each compared in the parent while the child "
+              "waits for its verdict",
     "tasks": "the stage's tasks with checks of their own (stage 10)",
     "accuracy": "the whole network on the accuracy images",
-    "timing": "the timed passes (warm-up, then repeat), once the turn is held",
+    "timing": "the timed passes (warm-up, then repeat) and their predictions compared; on a GPU the wait for "
+              "the device to be quiet",
     "technique": "the stage's memory technique counted on the simulator (on a GPU: a second child)",
     "end": "after the last frame: every process gone, the private copies checksummed, the folder removed",
     "waiting": "stopped while another job timed, or waiting for its own turn (not in the row's seconds)",
