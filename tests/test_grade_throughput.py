@@ -96,12 +96,16 @@ def test_the_parents_work_ahead_never_runs_beside_another_jobs_turn():
     turns.release(mine)
 
 
-def test_work_ahead_that_is_not_needed_is_left_out():
+def test_work_ahead_that_is_not_needed_is_left_out_and_asked_for_is_computed_there():
     gate, done = threading.Event(), []
-    ahead = Ahead([gate.wait, lambda: done.append(1)], None, None)
+    ahead = Ahead({"a": gate.wait, "b": lambda: done.append("b") or "b", "c": lambda: done.append("c") or "c"})
+    ahead.skip("b")
     ahead.cancel()
     gate.set()
-    assert ahead.result() == [True] and done == []
+    assert ahead.get("a") is True
+    time.sleep(0.1)
+    assert done == [], "a piece left out ran"
+    assert ahead.get("c") == "c" and done == ["c"]  # asked for after all: computed by the one who asks
 
 
 # ------------------------------------------------------------------------------------------ the cache's rules

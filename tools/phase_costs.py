@@ -12,8 +12,9 @@ what ran is kept. The reference jobs run, timed alone, unless ``--cache`` lets t
 From the rows' measured phase times (``details.phases_s``: the parent's clock, ``labkit.grading.phases``) and each
 stage's reference job (``meta.reference_jobs``) it writes OUT/phase_costs.json and OUT/phase_costs.md: per stage,
 the mean seconds per job of each phase, the reference job's, where the time went, and the jobs per hour of the whole
-run with and without the reference jobs (wall time of the grade calls, setup included). Nothing is typed in: every
-figure is computed here from the reports, and the command, device and date are written beside them.
+run with and without the reference jobs (the time from each run's first job to its last, the reference jobs in it;
+each run's setup, paid once a run, beside it). Nothing is typed in: every figure is computed here from the reports,
+and the command, device and date are written beside them.
 """
 
 from __future__ import annotations
@@ -126,17 +127,20 @@ def costs(made: dict, walls: dict, report: dict) -> dict:
                          "mean_phases_s": {p: _mean(v, len(mine)) for p, v in sums.items()},
                          "reference": ref, "wall_s": walls[stage]["wall_s"], "jobs_s": walls[stage]["jobs_s"]}
     jobs = sum(s["jobs"] for s in stages.values())
-    wall = sum(s["wall_s"] for s in stages.values())
+    wall = sum(s["jobs_s"] for s in stages.values())  # from the first job to the last, the reference jobs included
+    setup = sum(s["wall_s"] - s["jobs_s"] for s in stages.values())  # each grade call's plans, probe, references
     ref_wall = sum((s["reference"] or {}).get("seconds", 0.0) + ((s["reference"] or {}).get("phases_s") or {})
                    .get("waiting", 0.0) for s in stages.values() if not (s["reference"] or {}).get("from_cache"))
     totals = {p: round(sum(s["phases_s"][p] for s in stages.values()), 2) for p in PHASES}
     ref_totals = {p: round(sum(((s["reference"] or {}).get("phases_s") or {}).get(p, 0.0) for s in stages.values()
                                if not (s["reference"] or {}).get("from_cache")), 2) for p in PHASES}
     return {"stages": stages, "jobs": jobs, "wall_s": round(wall, 2), "reference_wall_s": round(ref_wall, 2),
-            "phases_s": totals, "reference_phases_s": ref_totals,
+            "setup_s": round(setup, 2), "phases_s": totals, "reference_phases_s": ref_totals,
             "jobs_per_hour": {"with_reference_jobs": round(3600 * jobs / wall, 1) if wall else None,
                               "without_reference_jobs": round(3600 * jobs / (wall - ref_wall), 1)
-                              if wall > ref_wall else None}}
+                              if wall > ref_wall else None,
+                              "with_reference_jobs_and_setup": round(3600 * jobs / (wall + setup), 1)
+                              if wall + setup else None}}
 
 
 def markdown(c: dict, meta: dict) -> str:
@@ -165,9 +169,11 @@ def markdown(c: dict, meta: dict) -> str:
               + "; ".join(f"{p} {100 * v / whole:.0f} % ({MEANING[p].split(':')[0].split(',')[0]})" for p, v in top)
               + ".", "",
               f"Jobs per hour: **{c['jobs_per_hour']['with_reference_jobs']}** with the reference jobs in the wall "
-              f"time ({n} jobs in {c['wall_s']:.0f} s, the grade calls' setup included), "
+              f"time ({n} job{'s' * (n != 1)} and their stages' reference jobs in {c['wall_s']:.0f} s), "
               f"**{c['jobs_per_hour']['without_reference_jobs']}** without them ({c['reference_wall_s']:.0f} s of "
-              f"reference jobs)."]
+              f"reference jobs); {c['jobs_per_hour']['with_reference_jobs_and_setup']} counting each grade call's "
+              f"setup too ({c['setup_s']:.0f} s: the plans, the probe child and the reference data, once a run: one "
+              f"run a stage here)."]
     if meta.get("left_out"):
         lines.append(f"Not graded (the --budget ran out first): stages {', '.join(meta['left_out'])}.")
     lines += ["", f"(computed by `{meta['command']}`: {meta['date']}, {meta['device']}, seed {meta['seed']}, "
@@ -182,10 +188,27 @@ def write_tables(out: Path, made: dict, walls: dict, left_out: list, report: dic
             else args.command, "date": m["date"], "device": m["device"], "environment": m.get("environment"),
             "seed": m["seed"], "sandbox": (m.get("sandbox") or {}).get("mode", "?") + " sandbox",
             "rubric": args.rubric, "correct": args.correct, "wrong": args.wrong, "left_out": left_out,
-            "cache": bool(args.cache), "class": made}
+            "cache": bool(args.cache), "class": made, "runs": walls}
     (out / "phase_costs.json").write_text(json.dumps({"meta": meta, **c}, indent=1, default=str))
     (out / "phase_costs.md").write_text(markdown(c, meta))
     return c
+
+
+def tables_again(args) -> int:
+    """The tables of OUT written again from its grades.json and phase_costs.json (the command and date kept)."""
+    old = json.loads((args.out / "phase_costs.json").read_text())
+    report = json.loads((args.out / "grades" / "grades.json").read_text())
+    walls = old["meta"].get("runs") or {
+        stage: {"wall_s": s["wall_s"], "jobs_s": s["jobs_s"], "reference_cache": {},
+                "reference_jobs": {stage: s["reference"]} if s["reference"] else {}}
+        for stage, s in old["stages"].items()}
+    for key in ("rubric", "correct", "wrong", "cache"):
+        setattr(args, key, old["meta"].get(key, getattr(args, key)))
+    args.command = old["meta"]["command"]
+    report["meta"]["date"] = old["meta"]["date"]
+    write_tables(args.out, old["meta"]["class"], walls, old["meta"].get("left_out", []), report, args)
+    print((args.out / "phase_costs.md").read_text())
+    return 0
 
 
 def main(argv=None) -> int:
@@ -201,8 +224,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rubric", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--unsandboxed", action="store_true", help="no sandbox (only where there is none: trusted code)")
+    ap.add_argument("--tables", action="store_true",
+                    help="only write the tables again from OUT's reports (a run that was cut, or a newer table)")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.tables:
+        return tables_again(args)
     stages = [s.strip().zfill(2) for s in args.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in ALL_STAGES]
     if bad or not stages:

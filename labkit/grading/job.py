@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import data, graphs, reference, simulator, tasks, whole
 from ..cudacpu import LABEL as CUDA_C_LABEL
-from ..check import CheckResult, compare, kept_from_earlier, layer_case, network_case, weighted
+from ..check import CheckResult, answer, compare, kept_from_earlier, layer_case, network_case, weighted
 from ..engine import NanCauses
 from ..nets import get_net
 from . import environment, hints, isolation, sandbox, scoring
@@ -104,12 +104,13 @@ def _graph_calls(task: tasks.Task, rng: np.random.Generator):
     other given variant, for new images of the first shape), each on fresh random images and weights, each compared:
     a graph kept from an earlier call replays that call's inputs."""
     first = 3 if simulator.active() else 128
-    sets = [network_case("cifar10", n, rng) for n in (first, max(1, first // 2), first)]
+    sets = [network_case("cifar10", n, rng, answers=False) for n in (first, max(1, first // 2), first)]
     for k, (v, i, fresh) in enumerate(graphs.REPLAY_PLAN):
         case, variant = sets[i], task.given[v]
         spec = P.TaskCallSpec(id=0, task=task.name, check="graph", function=task.function, variant=variant,
                               net=case.net.name, weights={}, fresh_call=fresh)
-        want = {"net": case.net, "probs": case.expected, "weights": case.weights if fresh else {}, "later": k > 0,
+        want = {"net": case.net, "answer": lambda case=case: answer(case).expected,
+                "weights": case.weights if fresh else {}, "later": k > 0,
                 "what": f"{len(case.x)} images, {variant}" + ("" if fresh else ", replayed again")}
         if fresh:
             want["x"] = case.x
@@ -121,15 +122,15 @@ def _pipeline_calls(task: tasks.Task, rng: np.random.Generator):
     drawn from a fresh seed, which the child draws again (``whole.run_pipeline``), and the float64 reference's
     class of every image."""
     net = simulator.net_for("cifar10", "gpu")
-    weights = network_case("cifar10", 1, rng).weights
+    weights = network_case("cifar10", 1, rng, answers=False).weights
     for images, chunk, count in (whole.CASES_SIMULATOR if simulator.active() else whole.CASES_GPU):
         seed = int(rng.integers(2 ** 31))
         raw = whole.case_bytes(net, images, np.random.default_rng(seed))
-        probs = np.asarray(reference.forward(net, weights, data.to_input(net, raw), accumulate="float64"))
         spec = P.TaskCallSpec(id=0, task=task.name, check="pipeline", function=task.function, variant=task.given[0],
                               net=net.name, weights={}, images=images, seed=seed, chunk=chunk, streams=count)
-        yield spec, {"net": net, "weights": weights, "probs": probs,
-                     "what": f"{images} images in chunks of {chunk} over {count} streams"}
+        yield spec, {"net": net, "weights": weights, "what": f"{images} images in chunks of {chunk} over {count} streams",
+                     "answer": lambda raw=raw: np.asarray(reference.forward(net, weights, data.to_input(net, raw),
+                                                                            accumulate="float64"))}
 
 
 _TASK_CALLS = {"graph": _graph_calls, "pipeline": _pipeline_calls}
@@ -348,7 +349,8 @@ class Job:
         self._hinted = False
         self.time_limit = plan.time_limit  # the rubric's, or the one that follows from the reference's job
         self._pass_images: list = []  # each timed pass's images (fresh): the reference's answers are computed here
-        self._expected: Ahead | None = None  # ... from the moment they are drawn (labkit.grading.ahead)
+        self._answers: dict = {}  # ("case" | "task" | "pass", id) -> the float64 reference's answer, to compute
+        self._ahead: Ahead | None = None  # ... computed while the child runs (labkit.grading.ahead)
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
         self.turns: Turns | None = None  # the run's turns (labkit.grading.turns): None, no other job to stop
@@ -376,8 +378,9 @@ class Job:
                                     weights=inputs.weights(f"c{cid}", case.weights),
                                     layer=dataclasses.asdict(case.layer) if case.layer is not None else None,
                                     net=net.name if net is not None else None, lands_on=lands_on))
-            self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
-                               "scale": case.scale, "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
+            self._answers[("case", cid)] = lambda: answer(case)  # the float64 reference's, computed ahead
+            self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": None, "scale": None,
+                               "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
                                "target": plan.variants[vname].target, "net": net,
                                "fuse": tuple(plan.variants[vname].fuse),  # net, fuse: hints' fused epilogue
                                "lands_on": lands_on}
@@ -396,11 +399,11 @@ class Job:
                     first = len(cases)
                     again = first if weighted(get_net(net_name).layer(layer_name)) else None
                     for k, b in enumerate((*batches, batches[0])):
-                        put_case(layer_case(net_name, layer_name, b, rng, target=spec.target), vname, b, layer_name,
-                                 net_name, lands_on=again if k == len(batches) else None)
+                        put_case(layer_case(net_name, layer_name, b, rng, target=spec.target, answers=False), vname,
+                                 b, layer_name, net_name, lands_on=again if k == len(batches) else None)
                 before = None  # each batch's weights put where the batch before's, freed, were
                 for b in plan.network_batches(spec.target):  # the layers chained by the engine, intermediates poisoned
-                    case = network_case(net_name, b, rng, target=spec.target)
+                    case = network_case(net_name, b, rng, target=spec.target, answers=False)
                     put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net, lands_on=before)
                     before = len(cases) - 1
         for vname, net_name, images, target in plan.accuracy_runs():
@@ -408,9 +411,12 @@ class Job:
             accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
         timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
-        if self._pass_images:  # computed while the child loads and checks, never beside another job's turn
-            self._expected = Ahead(expected_passes(self.refs, plan, self._pass_images), self.turns, self.running)
         task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
+        # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
+        self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
+        self._answers.update({("pass", k): piece
+                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images))})
+        self._ahead = Ahead(self._answers, self.turns, self.running)
         self.outcome.task_calls = {}
         for want in self._task_expected.values():
             self.outcome.task_calls[want["task"]] = self.outcome.task_calls.get(want["task"], 0) + 1
@@ -433,7 +439,10 @@ class Job:
             return
         c = self.cases[msg.id]
         if msg.skipped:
+            self._ahead.skip(("case", msg.id))
             return
+        case = self._ahead.get(("case", msg.id))
+        c["expected"], c["scale"] = case.expected, case.scale
         got = None
         if msg.error:
             res = CheckResult(c["name"], False, detail=msg.error, seed=self.seed)
@@ -593,7 +602,9 @@ class Job:
             return
         rec = self.outcome.tasks.setdefault(want["task"], {"passed": True, "line": "", "calls": 0})
         if msg.skipped:
+            self._ahead.skip(("task", msg.id))
             return
+        want["probs"] = self._ahead.get(("task", msg.id))
         rec["calls"] += 1
         why = msg.error or task_mismatch(want, read_array(payload, "out"))
         if why and rec["passed"]:
@@ -603,16 +614,16 @@ class Job:
     def _on_turn(self, msg: P.Turn, payload, answer) -> None:
         """The timed phase waits for its turn: every other job stopped (``labkit.grading.turns``), and the parent's
         answers for its passes computed (nothing of the parent's runs beside its timing)."""
-        if self._expected is not None:
-            self._expected.result()
+        for k in range(len(self._pass_images)):
+            self._ahead.get(("pass", k))
         if self.turns is not None and self.running is not None:
             self.turns.acquire(self.running, WHOLE if self.alone else self.device)
         answer(P.Answer.CONTINUE)
 
     def _no_timing(self) -> None:
         """The job will not be timed: the parent's answers for its passes are not needed."""
-        if self._expected is not None:
-            self._expected.cancel()
+        for k in range(len(self._pass_images)) if self._ahead is not None else ():
+            self._ahead.skip(("pass", k))
 
     def _release_turn(self) -> None:
         if self.turns is not None and self.running is not None and not self.alone:
@@ -646,7 +657,8 @@ class Job:
         o.timing_runs, o.timing_method, o.quiet_s = self._runs(msg.runs), msg.method, msg.quiet_s
         o.quiet_probe = msg.probe
         preds = self._predictions(payload, o.timing_runs)
-        o.timing_mismatches = mismatches(self._expected.result(), preds) if preds and self._expected else None
+        o.timing_mismatches = mismatches([self._ahead.get(("pass", k)) for k in range(len(self._pass_images))],
+                                         preds) if preds else None
         self._trace(msg.trace, self.plan.timed, True)  # a library call made only in the timed passes
 
     def _on_tampered(self, msg: P.Tampered, payload, answer) -> None:
@@ -728,7 +740,8 @@ class Job:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             o.phases = self.clock.stop()
-            self._no_timing()  # (a job that ended early)
+            if self._ahead is not None:  # (a job that ended early: nothing more is needed)
+                self._ahead.cancel()
         if not self.plan.technique():
             o.finished.add("technique")
         if self.gpu and o.technique is not None:
