@@ -243,6 +243,43 @@ def test_the_cli_refuses_a_cache_it_cannot_write_and_both_cache_options(tmp_path
         assert "Traceback" not in result.output and not (tmp_path / "out" / "grades.json").exists()
 
 
+# ------------------------------------------------------------------------------- the technique's second child
+
+
+def test_on_a_gpu_the_technique_child_starts_beside_the_job_once_its_checks_pass(plan, monkeypatch):
+    from labkit.grading import job as grading_job
+    from labkit.grading import protocol as P
+    from labkit.grading.scoring import JobOutcome
+
+    started = threading.Event()
+    counted = JobOutcome(technique={"passed": True, "line": "conv2 uses shared memory: PASS (counted)"},
+                         phases={"start": 1.0, "technique": 2.0})
+
+    def slow(self):
+        started.set()
+        time.sleep(0.5)
+        return counted
+
+    monkeypatch.setattr(grading_job.TechniqueJob, "run", slow)
+    reference = grading_job.Job(plan, None, "(reference solution)", plan.solution, 7, gpu=True)
+    reference.alone = True
+    answers = []
+    reference._on_checks_done(P.ChecksDone(), b"", answers.append)
+    assert answers == [P.Answer.CONTINUE] and reference._counting is None  # a reference job counts after its child
+
+    job = grading_job.Job(plan, None, "s", plan.solution, 7, gpu=True)
+    job._on_checks_done(P.ChecksDone(), b"", answers.append)
+    assert started.wait(5), "the technique child did not start once the checks passed"
+    time.sleep(0.6)  # the job's own child goes on meanwhile (accuracy, timing, its technique phase)
+    job.outcome.technique = {"passed": True, "line": "conv2 uses shared memory: PASS (kernel: 1024 bytes)"}
+    t = time.monotonic()
+    job._technique_counted()
+    assert time.monotonic() - t < 0.3, "it was not running beside the job"
+    assert job.outcome.technique["line"].endswith("(counted)") and job.outcome.technique["gpu"].endswith("bytes)")
+    assert job.outcome.technique_child == {"start": 1.0, "technique": 2.0}
+    assert job.clock.stop()["technique"] < 0.3  # only the wait is this job's phase
+
+
 # ------------------------------------------------------------------------------------------ a graded class
 
 RUBRIC = """

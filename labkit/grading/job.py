@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -358,6 +359,7 @@ class Job:
         self.running: Running | None = None
         self._task_expected: dict[int, dict] = {}  # task call id -> what the grader expects of it
         self.clock = PhaseClock(lambda: self.running.paused_s() if self.running is not None else 0.0)
+        self._counting: tuple | None = None  # on a GPU: the technique's simulator child, started beside this one
 
     # ---- inputs
     def build(self, folder: Path) -> P.JobSpec:
@@ -593,6 +595,8 @@ class Job:
         go = scoring.checks_passed(o) and not o.forbidden
         if not go:
             self._no_timing()
+        elif self.gpu and not self.alone and self.plan.technique():
+            self._start_counting()
         answer(P.Answer.CONTINUE if go else P.Answer.STOP)
 
     def _on_task(self, msg: P.TaskResult, payload, answer) -> None:
@@ -746,6 +750,11 @@ class Job:
             o.finished.add("technique")
         if self.gpu and o.technique is not None:
             self._technique_counted()
+        elif self._counting is not None:  # started, and not needed: waited for all the same (no child outlives its
+            try:                          # job's row); what it found or raised is not used, as before
+                self._counted()
+            except Exception:  # noqa: BLE001
+                pass
         o.paused_s += self.running.paused_s()  # (the technique's second child adds its own)
         o.seconds = time.monotonic() - start - o.paused_s
         return o
@@ -757,17 +766,58 @@ class Job:
             return "cpu"
         return f"gpu{self.env_extra.get('CUDA_VISIBLE_DEVICES', '')}"
 
+    def _counting_job(self) -> "TechniqueJob":
+        counted = TechniqueJob(self.plan, self.refs, self.student, self.notebook, self.seed, gpu=False)
+        counted.env_extra, counted.sandbox, counted.time_limit, counted.turns = \
+            {**self.env_extra, "NUMBA_ENABLE_CUDASIM": "1"}, self.sandbox, self.time_limit, self.turns
+        return counted
+
+    def _start_counting(self) -> None:
+        """A student's GPU job whose checks pass starts the technique's simulator child now, beside its own child's
+        accuracy and timing, instead of after them: a child of the same run as any other, so it is stopped while a
+        timing holds its turn (this job's own included). Its line is used only as before: once this job's child
+        reached its technique phase. (A reference job counts after its child: its wall time is its work alone.)"""
+        counted, box = self._counting_job(), {}
+
+        def count() -> None:
+            try:
+                box["outcome"] = counted.run()
+            except BaseException as exc:  # noqa: BLE001 - the grader's error, raised where the job waits for it
+                box["error"] = exc
+
+        thread = threading.Thread(target=count, daemon=True, name="labkit-grade-technique")
+        self._counting = (counted, thread, box)
+        thread.start()
+
+    def _counted(self) -> JobOutcome:
+        """The technique child's outcome: the one started beside this job (waited for; the wait is this job's
+        technique phase, the part of it that child spent stopped is waiting), or one run now."""
+        if self._counting is None:
+            c = self._counting_job().run()
+            self.outcome.paused_s += c.paused_s
+            self.clock.add(c.phases, "technique")  # the second child exists for the technique only
+            return c
+        counted, thread, box = self._counting
+
+        def paused() -> float:
+            return counted.running.paused_s() if counted.running is not None else 0.0
+
+        t0, p0 = time.monotonic(), paused()
+        thread.join()
+        waited, stopped = time.monotonic() - t0, max(0.0, paused() - p0)
+        self.outcome.paused_s += stopped
+        self.clock.add({"technique": waited - stopped, "waiting": stopped}, "technique")
+        if "error" in box:
+            raise box["error"]
+        self.outcome.technique_child = rounded(box["outcome"].phases)  # its own phases, beside this job's
+        return box["outcome"]
+
     def _technique_counted(self) -> None:
         """On a GPU the conv's loads cannot be counted, and "its kernels have shared memory" earns the points for a
         token use: the technique is measured again, as on a CPU machine, by a second child of the same job under
         the CUDA simulator (its load fractions against the stage's budget); that line replaces the GPU's."""
-        counted = TechniqueJob(self.plan, self.refs, self.student, self.notebook, self.seed, gpu=False)
-        counted.env_extra, counted.sandbox, counted.time_limit, counted.turns = \
-            {**self.env_extra, "NUMBA_ENABLE_CUDASIM": "1"}, self.sandbox, self.time_limit, self.turns
-        c = counted.run()
+        c = self._counted()
         o = self.outcome
-        o.paused_s += c.paused_s
-        self.clock.add(c.phases, "technique")  # the second child exists for the technique only
         t = c.technique or {"passed": False, "line": f"{self.plan.technique()['layer']} uses "
                                                      f"{self.plan.technique()['memory']} memory: not counted on the "
                                                      f"simulator ({TechniqueJob.failure(c)})"}
