@@ -595,8 +595,8 @@ class Job:
         go = scoring.checks_passed(o) and not o.forbidden
         if not go:
             self._no_timing()
-        elif self.gpu and not self.alone and self.plan.technique():
-            self._start_counting()
+        elif self.gpu and not self.alone and self.plan.technique() and self._counting is None:
+            self._start_counting()  # (once: a second ChecksDone frame starts nothing)
         answer(P.Answer.CONTINUE if go else P.Answer.STOP)
 
     def _on_task(self, msg: P.TaskResult, payload, answer) -> None:
