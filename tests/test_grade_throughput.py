@@ -243,6 +243,34 @@ def test_the_cli_refuses_a_cache_it_cannot_write_and_both_cache_options(tmp_path
         assert "Traceback" not in result.output and not (tmp_path / "out" / "grades.json").exists()
 
 
+def test_the_answers_computed_ahead_are_the_references_on_the_inputs_drawn(plan, tmp_path):
+    """Drawn first, answered later (check.layer_case/network_case answers=False, check.answer): the values the
+    eager cases had; a stage whose op time is not measured has no timed passes to answer."""
+    import numpy as np
+
+    from labkit import check, reference
+    from labkit.grading.job import Job
+    from labkit.grading.plan import References
+
+    plan.measured = False
+    job = Job(plan, References(), "s", plan.solution, 11, gpu=False)
+    job.build(tmp_path)
+    assert job._ahead is not None and not [k for k in job._answers if k[0] == "pass"]
+    layers = nets = 0
+    for cid, c in job.cases.items():
+        case = job._ahead.get(("case", cid))
+        if c["layer"] is not None:
+            layers += 1
+            want = reference.layer_forward(c["layer"], c["x"], c["weights"], accumulate="float64").astype(np.float32)
+            assert np.array_equal(case.expected, want)
+            assert np.array_equal(case.scale, check.magnitude(c["layer"], c["x"], c["weights"]))
+        else:
+            nets += 1
+            assert np.array_equal(case.expected, reference.forward(c["net"], c["weights"], c["x"],
+                                                                   accumulate="float64"))
+    assert layers and nets
+
+
 # ------------------------------------------------------------------------------- the technique's second child
 
 
