@@ -163,19 +163,25 @@ def test_a_changed_solution_version_device_or_rubric_value_misses(tmp_path, plan
     plan.solution.write_text('{"cells": [], "edited": 1}')
     refcache.ReferenceCache(tmp_path / "cache").reference(plan, None, {}, measure)
     assert measure.calls == 2, "an edited solution notebook is another key"
+    (plan.solution.parent / "04_data_transfer_padding.py").write_text("# %% tags=['kernel']\n")
+    refcache.ReferenceCache(tmp_path / "cache").reference(plan, None, {}, measure)
+    assert measure.calls == 3, "an earlier stage's source, given code the job loads, is part of the key"
+    (plan.solution.parent / "06_constant_memory.py").write_text("# a later stage's: not read by the job\n")
+    refcache.ReferenceCache(tmp_path / "cache").reference(plan, None, {}, measure)
+    assert measure.calls == 3
     real = refcache.versions
     monkeypatch.setattr(refcache, "versions", lambda: {**real(), "numba": "0.0.1"})
     refcache.ReferenceCache(tmp_path / "cache").reference(plan, None, {}, measure)
-    assert measure.calls == 3, "another numba is another key"
+    assert measure.calls == 4, "another numba is another key"
     refcache.ReferenceCache(tmp_path / "cache").reference(plan, None, {"CUDA_VISIBLE_DEVICES": "1"}, measure)
-    assert measure.calls == 4, "another GPU is another key"
+    assert measure.calls == 5, "another GPU is another key"
     plan.rubric["timing"]["images"] = 7
     refcache.ReferenceCache(tmp_path / "cache").reference(plan, None, {}, measure)
-    assert measure.calls == 5, "another timing workload is another key"
+    assert measure.calls == 6, "another timing workload is another key"
     plan.rubric["op_time"]["full_at_ratio"] = 2.0  # scores only: the same job
     refcache.ReferenceCache(tmp_path / "cache").reference(plan, None, {}, measure)
-    assert measure.calls == 5
-    assert len(list((tmp_path / "cache").glob("reference-05-*.json"))) == 5
+    assert measure.calls == 6
+    assert len(list((tmp_path / "cache").glob("reference-05-*.json"))) == 6
 
 
 def _corruptions(entry: dict):

@@ -3,7 +3,8 @@
 
 A reference job (``job.reference_job``) grades the stage's solution in a child of its own, alone on the machine;
 its timed passes are every student's op-time denominator and its wall time scales their time limit. Nothing in it
-depends on the run but what goes into its key: the solution notebook's bytes, the stage's rubric values, the inputs
+depends on the run but what goes into its key: the solution notebook's bytes and those of the earlier stages'
+solutions it loads as given code, the stage's rubric values, the inputs
 it is judged on (workloads, weights), the device (name, compute capability, driver, simulated or not, the CPU), the
 sandbox, and the versions of Python, numpy, numba, numba-cuda, cupy and labkit with the hash of the kit's own
 sources and tuning choices. A later run that computes the same key reads the result instead of running the job;
@@ -93,6 +94,14 @@ def _file_sha(path: Path) -> str | None:
         return None
 
 
+def given_code(plan: StagePlan) -> dict[str, str | None]:
+    """The earlier stages' solutions (notebooks and their sources) a job's child may load as given code
+    (``lk.from_stage``; ``sandbox.private_solutions``), hashed: a reference job runs them too."""
+    folder = plan.solution.parent
+    return {f.name: _file_sha(f) for f in sorted(folder.glob("*")) if f.suffix in (".ipynb", ".py")
+            and f.name[:2].isdigit() and f.name[:2] < plan.stage.number}
+
+
 def versions() -> dict:
     """Python and the packages the grader and its children import (``environment.PACKAGES``)."""
     import platform
@@ -132,7 +141,7 @@ def ingredients(plan: StagePlan, refs: References, env_extra: dict | None, sandb
 
     return {
         "schema": SCHEMA, "stage": plan.stage.number,
-        "solution": {"name": plan.solution.name, "sha256": _file_sha(plan.solution)},
+        "solution": {"name": plan.solution.name, "sha256": _file_sha(plan.solution)}, "given": given_code(plan),
         "rubric": {k: v for k, v in sorted(plan.rubric.items()) if k not in SCORING_ONLY},
         "plan": {"variants": {n: v.to_json() for n, v in plan.variants.items()}, "timed": plan.timed,
                  "measured": plan.measured, "time_limit": plan.time_limit},
