@@ -148,8 +148,8 @@ def test_a_stored_reference_job_is_read_back_and_not_run_again(tmp_path, plan):
     again = refcache.ReferenceCache(tmp_path / "cache")  # a later run
     got = again.reference(plan, None, {}, measure)
     assert measure.calls == 1, "a hit must not run the reference job"
-    assert (got.runs, got.seconds, got.mismatches, got.phases_s) == (measure.timing.runs, 12.5, measure.timing.mismatches,
-                                                                     measure.timing.phases_s)
+    want = measure.timing
+    assert (got.runs, got.seconds, got.mismatches, got.phases_s) == (want.runs, 12.5, want.mismatches, want.phases_s)
     hit = again.report()["stages"]["05"]
     assert hit["from_cache"] is True and hit["key"] == first.stages["05"]["key"]
     assert hit["measured"] == first.stages["05"]["measured"]  # when it was measured, not when it was read

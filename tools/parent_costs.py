@@ -6,9 +6,10 @@ On the simulator GPU code is checked on shrunk layers, so a job's ``inputs`` pha
 this tool builds one job of each stage as the grader does on a GPU (the rubric's batch sizes and the boundary
 shapes, the real nets, 1200 timed images: the simulator's shrinking is switched off in this process, where nothing
 runs on a device) and times each part of the parent's work: drawing the inputs, writing inputs.npz, the float64
-answers of the checks and tasks, and those of the timed passes (each the best of ``--repeat``). Before issue 33 the answers were computed before
-the child started and the passes' after its timing, all on the job's path; now only the drawing and the writing
-are (``labkit.grading.ahead`` computes the answers while the child runs). Writes OUT/parent_costs.json and .md.
+answers of the checks and tasks, and those of the timed passes (each the best of ``--repeat``). Before issue 33
+the answers were computed before the child started and the passes' after its timing, all on the job's path; now
+only the drawing and the writing are (``labkit.grading.ahead`` computes the answers while the child runs). Writes
+OUT/parent_costs.json and .md.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def main(argv=None) -> int:
             "device": device.label(), "cores": __import__("os").cpu_count()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "parent_costs.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = ["| stage | checks | tasks | inputs.npz (MB) | draw + write (s) | answers of checks and tasks (s) | answers of "
-             "the timed passes (s) | on the job's path before (s) | now (s) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| stage | checks | tasks | inputs.npz (MB) | draw + write (s) | answers of checks and tasks (s) | "
+             "answers of the timed passes (s) | on the job's path before (s) | now (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['stage']} | {r['cases']} | {r['tasks']} | {r['inputs_mb']} | {r['draw_and_write_s']} | "
               f"{r['answers_s']} | {r['passes_s']} | {r['before_on_path_s']} | {r['after_on_path_s']} |" for r in rows]
     lines += ["", f"(computed by `{meta['command']}`: {meta['date']}, on {meta['machine']} ({meta['cores']} cores), "

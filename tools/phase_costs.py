@@ -20,7 +20,6 @@ and the command, device and date are written beside them.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import shutil
 import sys

@@ -129,7 +129,8 @@ def _pipeline_calls(task: tasks.Task, rng: np.random.Generator):
         raw = whole.case_bytes(net, images, np.random.default_rng(seed))
         spec = P.TaskCallSpec(id=0, task=task.name, check="pipeline", function=task.function, variant=task.given[0],
                               net=net.name, weights={}, images=images, seed=seed, chunk=chunk, streams=count)
-        yield spec, {"net": net, "weights": weights, "what": f"{images} images in chunks of {chunk} over {count} streams",
+        yield spec, {"net": net, "weights": weights,
+                     "what": f"{images} images in chunks of {chunk} over {count} streams",
                      "answer": lambda raw=raw: np.asarray(reference.forward(net, weights, data.to_input(net, raw),
                                                                             accumulate="float64"))}
 

@@ -316,7 +316,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     ``labkit.grading.cluster``). ``sandbox`` (auto, bwrap, apptainer, docker): where every child runs
     (``labkit.grading.isolation``); ``unsandboxed``: none, only for code you trust. ``cache``: where the reference
     jobs of earlier runs are kept (True: the user's cache folder; a path; False: none; ``labkit.grading.refcache``).
-    Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox here among them).
+    Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox
+    here among them).
     """
     from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
