@@ -25,6 +25,16 @@ if not os.environ.get("LABKIT_RESULTS"):
     atexit.register(shutil.rmtree, _results, ignore_errors=True)
     os.environ["LABKIT_RESULTS"] = str(Path(_results) / "ledger.jsonl")
 
+# ... and keep the grader's reference jobs in a cache of their own (labkit.grading.refcache), never the user's.
+if not os.environ.get("LABKIT_CACHE"):
+    import atexit
+    import shutil
+    import tempfile
+
+    _cache = tempfile.mkdtemp(prefix="labkit-test-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["LABKIT_CACHE"] = _cache
+
 DATA_ROOT = Path(os.environ["LABKIT_DATA"]) if os.environ.get("LABKIT_DATA") else None
 
 

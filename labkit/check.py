@@ -213,8 +213,9 @@ def magnitude(layer: Layer, x: np.ndarray, weights: dict, then=()) -> np.ndarray
     return y
 
 
-def layer_case(net: str | Net, layer: str, batch: int, rng, target: str = "gpu") -> Case:
-    """Fresh random inputs and weights for one layer (shrunk when ``target`` code runs on the simulator)."""
+def layer_case(net: str | Net, layer: str, batch: int, rng, target: str = "gpu", answers: bool = True) -> Case:
+    """Fresh random inputs and weights for one layer (shrunk when ``target`` code runs on the simulator), and the
+    reference's answer (``answers=False``: not yet, see ``answer``)."""
     net = get_net(net)
     spec = net.layer(layer)
     if spec.kind == "flatten":
@@ -227,8 +228,20 @@ def layer_case(net: str | Net, layer: str, batch: int, rng, target: str = "gpu")
     if spec.kind == "softmax":
         x *= 3
     weights = _layer_weights(spec, in_shape, rng, shrunk, batch)
-    expected = reference.layer_forward(spec, x, weights, accumulate="float64").astype(np.float32)
-    return Case(spec.name, spec, x, weights, expected, scale=magnitude(spec, x, weights))
+    case = Case(spec.name, spec, x, weights, None)
+    return answer(case) if answers else case
+
+
+def answer(case: Case) -> Case:
+    """``case`` with the float64 reference's answer (and a layer's scale), for a case drawn without it: the same
+    values, computed when they are needed (the grader computes them while its child runs: ``grading.ahead``)."""
+    if case.layer is None:
+        case.expected = reference.forward(case.net, case.weights, case.x, accumulate="float64")
+    else:
+        case.expected = reference.layer_forward(case.layer, case.x, case.weights, accumulate="float64").astype(
+            np.float32)
+        case.scale = magnitude(case.layer, case.x, case.weights)
+    return case
 
 
 def group_case(net: str | Net, group: tuple[Layer, ...], batch: int, rng, target: str = "gpu") -> Case:
@@ -241,13 +254,14 @@ def group_case(net: str | Net, group: tuple[Layer, ...], batch: int, rng, target
                 scale=magnitude(group[0], case.x, case.weights, group[1:]))
 
 
-def network_case(net: str | Net, batch: int, rng, target: str = "gpu") -> Case:
-    """Fresh random inputs and weights for the whole network (the shrunk net when simulated)."""
+def network_case(net: str | Net, batch: int, rng, target: str = "gpu", answers: bool = True) -> Case:
+    """Fresh random inputs and weights for the whole network (the shrunk net when simulated), and the reference's
+    answer (``answers=False``: not yet, see ``answer``)."""
     spec = simulator.net_for(net, target)
     weights = random_weights(spec, seed=int(rng.integers(2 ** 31)))
     x = rng.uniform(-0.5, 0.5, (batch, *spec.input_shape)).astype(np.float32)
-    expected = reference.forward(spec, weights, x, accumulate="float64")
-    return Case(get_net(net).name, None, x, weights, expected, spec)
+    case = Case(get_net(net).name, None, x, weights, None, spec)
+    return answer(case) if answers else case
 
 
 def default_batches(target: str = "gpu") -> tuple[int, ...]:

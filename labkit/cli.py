@@ -254,8 +254,13 @@ def _image_counts(images: str | None) -> tuple[int, ...] | None:
                                       "course's image in LABKIT_SANDBOX_IMAGE); auto: bubblewrap where it works.")
 @click.option("--unsandboxed", is_flag=True,
               help="Run student code without a sandbox (as your user, seeing your files): only code you trust.")
+@click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
+              help="Folder of the reference jobs kept across runs (default: the user's cache folder, or "
+                   "$LABKIT_CACHE); a stage whose solution, rubric, device and versions match one there is not "
+                   "timed again.")
+@click.option("--no-cache", is_flag=True, help="Run every stage's reference job, and keep none.")
 def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, cluster, merge, force, seed, no_progress,
-          sandbox, unsandboxed):
+          sandbox, unsandboxed, cache_dir, no_cache):
     """Grade student notebooks: correctness, accuracy and op time per stage, into CSV, JSON and Gradescope reports.
 
     SUBMISSIONS is a folder with one sub-folder per student (each holding notebooks/ or the .ipynb files),
@@ -273,12 +278,15 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
         raise click.BadParameter("takes stage numbers separated by commas, e.g. 01,04", param_hint="--stages")
     if students is not None and not _csv_list(students):
         raise click.BadParameter("takes student folder names separated by commas", param_hint="--students")
+    if cache_dir is not None and no_cache:
+        raise click.UsageError("--cache and --no-cache do not go together: name a cache folder, or none")
     _grades_out(out, merge if merge is not None else bool(_csv_list(students) or _csv_list(stages)), force)
     try:
         report = grading.grade(submissions, _csv_list(stages), rubric, solutions, out, jobs, seed,
                                progress=not no_progress, command=" ".join(["labkit", *sys.argv[1:]]),
                                students=_csv_list(students), gpus=gpus, cluster=cluster, merge=merge,
-                               sandbox=sandbox, unsandboxed=unsandboxed)
+                               sandbox=sandbox, unsandboxed=unsandboxed,
+                               cache=False if no_cache else cache_dir if cache_dir is not None else True)
     except grading.GradeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(grading.summary_table(report))

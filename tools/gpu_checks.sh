@@ -16,7 +16,7 @@ step() {
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/steps.txt"
 }
 want() { [ $# -eq 0 ] || [[ " $WANT " == *" $1 "* ]]; }
-WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tctests tc tcexplore nb10 bench nbruns load spread gradetests
+WANT="${*:-sandbox cudac tests wrong memcheck}"  # and: notebooks probe stage10 tune1200 fcgemm winograd wexplore tctests tc tcexplore nb10 bench nbruns load spread gradetests phases parent
 want sandbox && step sandbox "$PY" tools/sandbox_gpu_check.py --out "$OUT/files/sandbox"
 want cudac && [ -f tools/cuda_c_wrong_kernels.py ] && step cudac "$PY" tools/cuda_c_wrong_kernels.py --out "$OUT/files/cudac"
 want tests && step tests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rs \
@@ -53,4 +53,10 @@ want load && step load "$PY" tools/load_grading.py "${LOAD_DIR:-$OUT/files/load}
 want spread && step spread "$PY" tools/launch_spread.py --processes ${SPREAD_PROCESSES:-8} --out "$OUT/files/spread"
 want gradetests && step gradetests env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs \
   tests/test_grade_load.py tests/test_stream_order.py tests/test_streams.py tests/test_tasks.py
+# issue 33: what each phase of a graded job costs on this device, and the jobs per hour (tools/phase_costs.py: a mix
+# of stages 04-10 at --jobs 1, the reference jobs run; PHASE_BUDGET: no stage starts after it; the parent's part
+# at the GPU's sizes, tools/parent_costs.py, beside it)
+want phases && step phases "$PY" tools/phase_costs.py "$OUT/files/phases" --budget ${PHASE_BUDGET:-400} \
+  --correct ${PHASE_CORRECT:-1} --wrong ${PHASE_WRONG:-1} ${PHASE_STAGES:+--stages $PHASE_STAGES}
+want parent && step parent "$PY" tools/parent_costs.py "$OUT/files/parent" --repeat ${PARENT_REPEAT:-3}
 tar czf "$OUT/all.tgz" -C "$OUT" files

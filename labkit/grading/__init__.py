@@ -7,8 +7,9 @@ them itself, scores them with the rubric (``rubric``, ``scoring``) and writes th
 stage grades, and the reference data, are decided once per run (``plan``, ``run``). In the child, ``snapshot``
 puts labkit back before, and compares it after, every call into student code (``tampered``), and ``ownership``
 scans and traces the timed conv functions (``forbidden``); ``hints`` names the likely mistake of a failing check;
-``environment`` records the versions; ``cluster`` grades a class on Dask (several GPUs: dask-cuda). See
-docs/grading.md.
+``environment`` records the versions; ``cluster`` grades a class on Dask (several GPUs: dask-cuda); ``refcache`` keeps each stage's
+reference job across runs, ``phases`` times every job's phases and ``ahead`` computes the parent's answers for the
+timed passes while the child checks. See docs/grading.md.
 """
 
 from .reports import compare_reports, gradescope_results, merge_reports, regrade_command, summary_table, write_reports

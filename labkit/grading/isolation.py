@@ -209,11 +209,13 @@ def ns_members(ns: int) -> list[int]:
 
 
 def wait_gone(namespaces, timeout: float = WAIT_GONE_S) -> list[int]:
-    """Wait until no process of these PID namespaces is left; those still there at the timeout."""
+    """Wait until no process of these PID namespaces runs any more; those still running at the timeout. A zombie
+    has ended (its memory, files and devices are released: only its exit status waits to be collected): bubblewrap
+    leaves its namespace's first process to the machine's init, which may reap it a second or two later."""
     namespaces = {n for n in namespaces if n}
     deadline = time.monotonic() + timeout
     while True:
-        left = [pid for ns in namespaces for pid in ns_members(ns)]
+        left = [pid for ns in namespaces for pid in ns_members(ns) if _state(pid) not in ("Z", "X")]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)

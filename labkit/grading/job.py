@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,11 +18,13 @@ import numpy as np
 
 from .. import data, graphs, reference, simulator, tasks, whole
 from ..cudacpu import LABEL as CUDA_C_LABEL
-from ..check import CheckResult, compare, kept_from_earlier, layer_case, network_case, weighted
+from ..check import CheckResult, answer, compare, kept_from_earlier, layer_case, network_case, weighted
 from ..engine import NanCauses
 from ..nets import get_net
 from . import environment, hints, isolation, sandbox, scoring
 from . import protocol as P
+from .ahead import Ahead
+from .phases import PhaseClock, rounded
 from .plan import References, StagePlan
 from .protocol import read_array
 from .scoring import JobOutcome
@@ -102,12 +105,13 @@ def _graph_calls(task: tasks.Task, rng: np.random.Generator):
     other given variant, for new images of the first shape), each on fresh random images and weights, each compared:
     a graph kept from an earlier call replays that call's inputs."""
     first = 3 if simulator.active() else 128
-    sets = [network_case("cifar10", n, rng) for n in (first, max(1, first // 2), first)]
+    sets = [network_case("cifar10", n, rng, answers=False) for n in (first, max(1, first // 2), first)]
     for k, (v, i, fresh) in enumerate(graphs.REPLAY_PLAN):
         case, variant = sets[i], task.given[v]
         spec = P.TaskCallSpec(id=0, task=task.name, check="graph", function=task.function, variant=variant,
                               net=case.net.name, weights={}, fresh_call=fresh)
-        want = {"net": case.net, "probs": case.expected, "weights": case.weights if fresh else {}, "later": k > 0,
+        want = {"net": case.net, "answer": lambda case=case: answer(case).expected,
+                "weights": case.weights if fresh else {}, "later": k > 0,
                 "what": f"{len(case.x)} images, {variant}" + ("" if fresh else ", replayed again")}
         if fresh:
             want["x"] = case.x
@@ -119,15 +123,16 @@ def _pipeline_calls(task: tasks.Task, rng: np.random.Generator):
     drawn from a fresh seed, which the child draws again (``whole.run_pipeline``), and the float64 reference's
     class of every image."""
     net = simulator.net_for("cifar10", "gpu")
-    weights = network_case("cifar10", 1, rng).weights
+    weights = network_case("cifar10", 1, rng, answers=False).weights
     for images, chunk, count in (whole.CASES_SIMULATOR if simulator.active() else whole.CASES_GPU):
         seed = int(rng.integers(2 ** 31))
         raw = whole.case_bytes(net, images, np.random.default_rng(seed))
-        probs = np.asarray(reference.forward(net, weights, data.to_input(net, raw), accumulate="float64"))
         spec = P.TaskCallSpec(id=0, task=task.name, check="pipeline", function=task.function, variant=task.given[0],
                               net=net.name, weights={}, images=images, seed=seed, chunk=chunk, streams=count)
-        yield spec, {"net": net, "weights": weights, "probs": probs,
-                     "what": f"{images} images in chunks of {chunk} over {count} streams"}
+        yield spec, {"net": net, "weights": weights,
+                     "what": f"{images} images in chunks of {chunk} over {count} streams",
+                     "answer": lambda raw=raw: np.asarray(reference.forward(net, weights, data.to_input(net, raw),
+                                                                            accumulate="float64"))}
 
 
 _TASK_CALLS = {"graph": _graph_calls, "pipeline": _pipeline_calls}
@@ -235,6 +240,7 @@ class ReferenceTiming:
     error: str | None = None
     device: str = ""
     seconds: float = 0.0
+    phases_s: dict = dataclasses.field(default_factory=dict)  # where its wall time went (labkit.grading.phases)
 
 
 def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_extra: dict | None = None,
@@ -251,7 +257,7 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     o = job.run()
     row = job.row()
     result = ReferenceTiming(runs=o.timing_runs, method=o.timing_method, mismatches=o.timing_mismatches,
-                             device=o.device, seconds=o.seconds)
+                             device=o.device, seconds=o.seconds, phases_s=rounded(o.phases))
     # its timed passes' own mismatches (float32 near-ties) only widen the students' allowance: not a failure
     passed = row["status"] == "pass" or (o.checks_done and scoring.checks_passed(o) and scoring.accuracy_passed(o)
                                           and not o.forbidden and not o.tampered_code and not o.grader_error)
@@ -269,10 +275,13 @@ def timed_probabilities(payload: bytes, passes: int, images: int) -> list | None
     return probs
 
 
-def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray]) -> list[np.ndarray]:
-    """The float64 reference's class probabilities on each timed pass's images."""
+def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray]) -> list:
+    """The float64 reference's class probabilities on each timed pass's images: one piece of work a pass (none
+    where op time is not measured)."""
+    if not images:
+        return []
     wl = refs.get(*plan.timing_run())[0]
-    return [np.asarray(reference.forward(wl.net, wl.weights, x), np.float64) for x in images]
+    return [lambda x=x: np.asarray(reference.forward(wl.net, wl.weights, x), np.float64) for x in images]
 
 
 def mismatches(expected: list[np.ndarray], probs: list) -> list[int]:
@@ -347,12 +356,16 @@ class Job:
         self._hinted = False
         self.time_limit = plan.time_limit  # the rubric's, or the one that follows from the reference's job
         self._pass_images: list = []  # each timed pass's images (fresh): the reference's answers are computed here
+        self._answers: dict = {}  # ("case" | "task" | "pass", id) -> the float64 reference's answer, to compute
+        self._ahead: Ahead | None = None  # ... computed while the child runs (labkit.grading.ahead)
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
         self.turns: Turns | None = None  # the run's turns (labkit.grading.turns): None, no other job to stop
         self.alone = False  # a reference job: the whole machine's turn for its whole run
         self.running: Running | None = None
         self._task_expected: dict[int, dict] = {}  # task call id -> what the grader expects of it
+        self.clock = PhaseClock(lambda: self.running.paused_s() if self.running is not None else 0.0)
+        self._counting: tuple | None = None  # on a GPU: the technique's simulator child, started beside this one
 
     # ---- inputs
     def build(self, folder: Path) -> P.JobSpec:
@@ -373,8 +386,9 @@ class Job:
                                     weights=inputs.weights(f"c{cid}", case.weights),
                                     layer=dataclasses.asdict(case.layer) if case.layer is not None else None,
                                     net=net.name if net is not None else None, lands_on=lands_on))
-            self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": case.expected,
-                               "scale": case.scale, "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
+            self._answers[("case", cid)] = lambda: answer(case)  # the float64 reference's, computed ahead
+            self.cases[cid] = {"variant": vname, "name": what, "batch": batch, "expected": None, "scale": None,
+                               "net_name": net_name, "layer": case.layer, "x": case.x, "weights": case.weights,
                                "target": plan.variants[vname].target, "net": net,
                                "fuse": tuple(plan.variants[vname].fuse),  # net, fuse: hints' fused epilogue
                                "lands_on": lands_on}
@@ -393,11 +407,11 @@ class Job:
                     first = len(cases)
                     again = first if weighted(get_net(net_name).layer(layer_name)) else None
                     for k, b in enumerate((*batches, batches[0])):
-                        put_case(layer_case(net_name, layer_name, b, rng, target=spec.target), vname, b, layer_name,
-                                 net_name, lands_on=again if k == len(batches) else None)
+                        put_case(layer_case(net_name, layer_name, b, rng, target=spec.target, answers=False), vname,
+                                 b, layer_name, net_name, lands_on=again if k == len(batches) else None)
                 before = None  # each batch's weights put where the batch before's, freed, were
                 for b in plan.network_batches(spec.target):  # the layers chained by the engine, intermediates poisoned
-                    case = network_case(net_name, b, rng, target=spec.target)
+                    case = network_case(net_name, b, rng, target=spec.target, answers=False)
                     put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net, lands_on=before)
                     before = len(cases) - 1
         for vname, net_name, images, target in plan.accuracy_runs():
@@ -406,6 +420,11 @@ class Job:
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
         timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
         task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
+        # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
+        self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
+        self._answers.update({("pass", k): piece
+                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images))})
+        self._ahead = Ahead(self._answers, self.turns, self.running)
         self.outcome.task_calls = {}
         for want in self._task_expected.values():
             self.outcome.task_calls[want["task"]] = self.outcome.task_calls.get(want["task"], 0) + 1
@@ -428,7 +447,10 @@ class Job:
             return
         c = self.cases[msg.id]
         if msg.skipped:
+            self._ahead.skip(("case", msg.id))
             return
+        case = self._ahead.get(("case", msg.id))
+        c["expected"], c["scale"] = case.expected, case.scale
         got = None
         if msg.error:
             res = CheckResult(c["name"], False, detail=msg.error, seed=self.seed)
@@ -537,6 +559,7 @@ class Job:
 
     # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
     def _on_hello(self, msg: P.Hello, payload, answer) -> None:
+        self.clock.switch("load")  # started: its interpreter, imports, snapshot and inputs are behind it
         self.outcome.device = msg.device
         iso = self.running.sandbox if self.running is not None else isolation.Isolation()
         refused = _not_as_the_grader(self.lib, msg, iso)
@@ -544,6 +567,8 @@ class Job:
 
     def _on_phase(self, msg: P.Phase | P.Start, payload, answer) -> None:
         self.outcome.phase = msg.what[:200]
+        if isinstance(msg, P.Phase) and msg.step in scoring.PHASES:  # the child's own phases only
+            self.clock.switch(msg.step)
 
     def _on_load_error(self, msg: P.LoadError, payload, answer) -> None:
         self.outcome.load_error = msg.message[:2000]
@@ -573,7 +598,12 @@ class Job:
         o.finished.add("checks")
         if msg.emulated:
             o.notes.append(f"its CUDA C ran on the {CUDA_C_LABEL} (labkit.cudacpu): the checks a GPU runs, no timing")
-        answer(P.Answer.CONTINUE if scoring.checks_passed(o) and not o.forbidden else P.Answer.STOP)
+        go = scoring.checks_passed(o) and not o.forbidden
+        if not go:
+            self._no_timing()
+        elif self.gpu and not self.alone and self.plan.technique() and self._counting is None:
+            self._start_counting()  # (once: a second ChecksDone frame starts nothing)
+        answer(P.Answer.CONTINUE if go else P.Answer.STOP)
 
     def _on_task(self, msg: P.TaskResult, payload, answer) -> None:
         want = self._task_expected.get(msg.id)
@@ -582,7 +612,9 @@ class Job:
             return
         rec = self.outcome.tasks.setdefault(want["task"], {"passed": True, "line": "", "calls": 0})
         if msg.skipped:
+            self._ahead.skip(("task", msg.id))
             return
+        want["probs"] = self._ahead.get(("task", msg.id))
         rec["calls"] += 1
         why = msg.error or task_mismatch(want, read_array(payload, "out"))
         if why and rec["passed"]:
@@ -590,10 +622,18 @@ class Job:
         answer(P.Answer.STOP if why else P.Answer.CONTINUE)
 
     def _on_turn(self, msg: P.Turn, payload, answer) -> None:
-        """The timed phase waits for its turn: every other job stopped (``labkit.grading.turns``)."""
+        """The timed phase waits for its turn: every other job stopped (``labkit.grading.turns``), and the parent's
+        answers for its passes computed (nothing of the parent's runs beside its timing)."""
+        for k in range(len(self._pass_images)):
+            self._ahead.get(("pass", k))
         if self.turns is not None and self.running is not None:
             self.turns.acquire(self.running, WHOLE if self.alone else self.device)
         answer(P.Answer.CONTINUE)
+
+    def _no_timing(self) -> None:
+        """The job will not be timed: the parent's answers for its passes are not needed."""
+        for k in range(len(self._pass_images)) if self._ahead is not None else ():
+            self._ahead.skip(("pass", k))
 
     def _release_turn(self) -> None:
         if self.turns is not None and self.running is not None and not self.alone:
@@ -614,6 +654,7 @@ class Job:
         go = self.plan.measured and (scoring.accuracy_passed(o) or not req)
         if not go:
             o.finished.add("timing")  # nothing to time
+            self._no_timing()
         answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE if go else P.Answer.SKIP)
 
     def _on_timing(self, msg: P.Timing, payload, answer) -> None:
@@ -626,8 +667,8 @@ class Job:
         o.timing_runs, o.timing_method, o.quiet_s = self._runs(msg.runs), msg.method, msg.quiet_s
         o.quiet_probe = msg.probe
         preds = self._predictions(payload, o.timing_runs)
-        o.timing_mismatches = mismatches(expected_passes(self.refs, self.plan, self._pass_images), preds) \
-            if preds else None
+        o.timing_mismatches = mismatches([self._ahead.get(("pass", k)) for k in range(len(self._pass_images))],
+                                         preds) if preds else None
         self._trace(msg.trace, self.plan.timed, True)  # a library call made only in the timed passes
 
     def _on_tampered(self, msg: P.Tampered, payload, answer) -> None:
@@ -639,6 +680,7 @@ class Job:
 
     def _on_done(self, msg, payload, answer) -> None:
         self.outcome.done = True
+        self.clock.switch("end")
 
     HANDLERS = {P.Hello: _on_hello, P.Phase: _on_phase, P.Start: _on_phase,
                 P.LoadError: _on_load_error, P.Loaded: _on_loaded, P.CaseResult: _on_case,
@@ -679,6 +721,7 @@ class Job:
         if o.grader_error:  # the reference could not be timed: the grader's problem, said in this job's row
             return o
         start = time.monotonic()
+        self.clock.switch("start")
         folder, self.lib, solutions, guard = _private_folder(self.plan)
         iso = self.sandbox if self.sandbox is not None else isolation.choose()
         self.running = Running(iso, self.device)
@@ -686,14 +729,18 @@ class Job:
         try:
             student_nb = folder / "student" / self.notebook.name
             shutil.copyfile(self.notebook, student_nb)
+            self.clock.switch("inputs")
             job = self.build(folder)
             job.notebook, job.tuning = str(student_nb), _tuning_copy(folder)
+            self.clock.switch("start")
             limits = self.plan.rubric["limits"]
             with self.turns.hold(self.running) if self.alone and self.turns is not None else nullcontext():
                 end = sandbox.run_child(job.to_json(), folder,
                                         _child_env(folder, self.lib, solutions, self.env_extra), self.time_limit,
                                         limits["memory_mb"], job.memory_guard == "rss", self.handle, iso,
                                         self.running, self.turns)
+            if self.clock.current != "end":  # no last frame (ended at its limit, crashed): its phase ends here
+                self.clock.switch("end")
             o.time_limit = self.time_limit
             o.timed_out, o.memory_exceeded, o.returncode, o.stderr_tail, o.survivors = \
                 end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail, end.survivors
@@ -702,10 +749,18 @@ class Job:
             o.last_kernel = _last_kernel(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+            o.phases = self.clock.stop()
+            if self._ahead is not None:  # (a job that ended early: nothing more is needed)
+                self._ahead.cancel()
         if not self.plan.technique():
             o.finished.add("technique")
         if self.gpu and o.technique is not None:
             self._technique_counted()
+        elif self._counting is not None:  # started, and not needed: waited for all the same (no child outlives its
+            try:                          # job's row); what it found or raised is not used, as before
+                self._counted()
+            except Exception:  # noqa: BLE001
+                pass
         o.paused_s += self.running.paused_s()  # (the technique's second child adds its own)
         o.seconds = time.monotonic() - start - o.paused_s
         return o
@@ -717,16 +772,58 @@ class Job:
             return "cpu"
         return f"gpu{self.env_extra.get('CUDA_VISIBLE_DEVICES', '')}"
 
+    def _counting_job(self) -> "TechniqueJob":
+        counted = TechniqueJob(self.plan, self.refs, self.student, self.notebook, self.seed, gpu=False)
+        counted.env_extra, counted.sandbox, counted.time_limit, counted.turns = \
+            {**self.env_extra, "NUMBA_ENABLE_CUDASIM": "1"}, self.sandbox, self.time_limit, self.turns
+        return counted
+
+    def _start_counting(self) -> None:
+        """A student's GPU job whose checks pass starts the technique's simulator child now, beside its own child's
+        accuracy and timing, instead of after them: a child of the same run as any other, so it is stopped while a
+        timing holds its turn (this job's own included). Its line is used only as before: once this job's child
+        reached its technique phase. (A reference job counts after its child: its wall time is its work alone.)"""
+        counted, box = self._counting_job(), {}
+
+        def count() -> None:
+            try:
+                box["outcome"] = counted.run()
+            except BaseException as exc:  # noqa: BLE001 - the grader's error, raised where the job waits for it
+                box["error"] = exc
+
+        thread = threading.Thread(target=count, daemon=True, name="labkit-grade-technique")
+        self._counting = (counted, thread, box)
+        thread.start()
+
+    def _counted(self) -> JobOutcome:
+        """The technique child's outcome: the one started beside this job (waited for; the wait is this job's
+        technique phase, the part of it that child spent stopped is waiting), or one run now."""
+        if self._counting is None:
+            c = self._counting_job().run()
+            self.outcome.paused_s += c.paused_s
+            self.clock.add(c.phases, "technique")  # the second child exists for the technique only
+            return c
+        counted, thread, box = self._counting
+
+        def paused() -> float:
+            return counted.running.paused_s() if counted.running is not None else 0.0
+
+        t0, p0 = time.monotonic(), paused()
+        thread.join()
+        waited, stopped = time.monotonic() - t0, max(0.0, paused() - p0)
+        self.outcome.paused_s += stopped
+        self.clock.add({"technique": waited - stopped, "waiting": stopped}, "technique")
+        if "error" in box:
+            raise box["error"]
+        self.outcome.technique_child = rounded(box["outcome"].phases)  # its own phases, beside this job's
+        return box["outcome"]
+
     def _technique_counted(self) -> None:
         """On a GPU the conv's loads cannot be counted, and "its kernels have shared memory" earns the points for a
         token use: the technique is measured again, as on a CPU machine, by a second child of the same job under
         the CUDA simulator (its load fractions against the stage's budget); that line replaces the GPU's."""
-        counted = TechniqueJob(self.plan, self.refs, self.student, self.notebook, self.seed, gpu=False)
-        counted.env_extra, counted.sandbox, counted.time_limit, counted.turns = \
-            {**self.env_extra, "NUMBA_ENABLE_CUDASIM": "1"}, self.sandbox, self.time_limit, self.turns
-        c = counted.run()
+        c = self._counted()
         o = self.outcome
-        o.paused_s += c.paused_s
         t = c.technique or {"passed": False, "line": f"{self.plan.technique()['layer']} uses "
                                                      f"{self.plan.technique()['memory']} memory: not counted on the "
                                                      f"simulator ({TechniqueJob.failure(c)})"}

@@ -39,7 +39,7 @@ class Kind(str, enum.Enum):
 
     HELLO = "hello"  # started: device, pid, where labkit was imported from (its private copy), the versions it
     # imports (a probe child sends this frame and DONE only: labkit.grading.job.probe)
-    PHASE = "phase"  # what it does now (loading, timing the reference): for a timeout's message
+    PHASE = "phase"  # what it does now (loading, timing the reference): for a timeout's message; a phase's start
     LOAD_ERROR = "load_error"  # the student's kernel cells did not load: nothing else follows
     LOADED = "loaded"  # the student's VARIANTS as found, what is wrong with them, what the own-kernels scan found;
     # the parent answers: continue to the checks, or stop
@@ -297,6 +297,7 @@ class Hello(Message):
 @dataclasses.dataclass
 class Phase(Message):
     what: str
+    step: str = ""  # the job's phase that begins now (labkit.grading.phases.PHASES): where its seconds go
 
 
 @_message(Kind.START)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import device, outputs
 from ..stages import STAGES, label, solutions_folder
-from . import environment, isolation, scoring
+from . import environment, isolation, phases, refcache, scoring
 from .cores import Cores
 from .job import Job, ReferenceTiming, probe, reference_job
 from .plan import References, StagePlan, plan_stage
@@ -132,7 +132,7 @@ class Context:
     """The plans and the reference data of one run, made once per process (the parent, or a cluster worker)."""
 
     def __init__(self, stages: list[str], rubric: Rubric, solutions: Path, gpu: bool, simulated: bool,
-                 sandbox: isolation.Isolation | None = None):
+                 sandbox: isolation.Isolation | None = None, cache: refcache.ReferenceCache | None = None):
         chosen = [STAGES[s] for s in stages]
         self.plans: dict[str, StagePlan] = {s.number: plan_stage(s, solutions, rubric, gpu, simulated)
                                             for s in chosen}
@@ -147,6 +147,8 @@ class Context:
         self.limits: dict = {}  # stage -> the students' time limit and the reference job's seconds it came from
         self.turns = Turns()  # timed phases and reference jobs run while every other job is stopped
         self.stuck: dict[str, str] = {}  # device -> the job whose processes never went (a kernel that never ended)
+        self.cache = cache  # reference jobs of earlier runs (labkit.grading.refcache); None: each runs here
+        self.reference_jobs: dict[str, dict] = {}  # "04" (or "04 gpu1") -> its seconds, phases, whether cached
 
     def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
         """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
@@ -163,8 +165,14 @@ class Context:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._timings:
-                self._timings[key] = reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox,
-                                                   self.turns)
+                def measure() -> ReferenceTiming:
+                    return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
+
+                self._timings[key] = self.cache.reference(plan, self.refs, env, measure) if self.cache else measure()
+                where = key[0] + (f" gpu{key[1]}" if key[1] is not None else "")
+                self.reference_jobs[where] = {"seconds": round(self._timings[key].seconds, 1),
+                                              "phases_s": self._timings[key].phases_s,
+                                              **(self.cache.stages.get(where, {}) if self.cache else {})}
         ref = self._timings[key]
         limit = plan.time_limit
         if lim["time_factor"] and not ref.error:
@@ -274,7 +282,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
           solutions: str | Path | None = None, out: str | Path = "grades", jobs: int = 1, seed: int | None = None,
           progress: bool = True, command: str | None = None, students: list[str] | None = None,
           gpus: str | None = None, cluster: str | None = None, merge: bool | None = None,
-          gradescope: bool = True, sandbox: str = "auto", unsandboxed: bool = False) -> dict:
+          gradescope: bool = True, sandbox: str = "auto", unsandboxed: bool = False,
+          cache: str | Path | bool = True) -> dict:
     """Grade every submission for every selected stage; write ``grades.csv``, ``grades.json`` and the Gradescope
     ``results.json`` files under ``out``.
 
@@ -283,8 +292,10 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     "0,2"): the shortcut to ``cluster="cuda:..."``, one dask-cuda worker per GPU, ``jobs // len(gpus)`` jobs at a
     time on each, each child pinned to its worker's GPU. ``cluster``: a Dask cluster (see
     ``labkit.grading.cluster``). ``sandbox`` (auto, bwrap, apptainer, docker): where every child runs
-    (``labkit.grading.isolation``); ``unsandboxed``: none, only for code you trust. Returns ``{"meta": ..., "rows":
-    [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox here among them).
+    (``labkit.grading.isolation``); ``unsandboxed``: none, only for code you trust. ``cache``: where the reference
+    jobs of earlier runs are kept (True: the user's cache folder; a path; False: none; ``labkit.grading.refcache``).
+    Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox
+    here among them).
     """
     from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
@@ -292,6 +303,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         raise GradeError("--jobs must be at least 1")
     try:  # a folder the reports cannot go to is found now, not after grading the class
         outputs.writable_folder(out, "--out")
+        if cache not in (True, False, None):
+            outputs.writable_folder(cache, "--cache")
     except outputs.OutputError as exc:
         raise GradeError(str(exc)) from None
     cores = os.cpu_count() or 1
@@ -338,12 +351,17 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     iso = isolation.choose(sandbox, unsandboxed)  # refused in one line where there is no sandbox
     private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
                "the solutions": solutions.resolve()}
+    ref_cache, no_cache = (None, "--cluster: each worker runs its stages' reference jobs") if cluster else \
+        refcache.choose(cache, unsandboxed, {k: private[k] for k in ("the submissions", "--out")})
+    if ref_cache is not None:
+        ref_cache.sandbox_mode = iso.mode
+        private["the reference cache"] = ref_cache.folder.resolve()
     refused = sandbox_refusal(iso, private, rub.base["limits"]["memory_mb"],
                               {"CUDA_VISIBLE_DEVICES": str(gpu_list[0])} if gpu_list else None)
     if refused:
         raise GradeError(f"nothing was graded: {refused}")
     numbers = [s.number for s in chosen]
-    ctx = Context(numbers, rub, solutions, gpu, simulated, iso)
+    ctx = Context(numbers, rub, solutions, gpu, simulated, iso, ref_cache)
     plans = ctx.plans
     if dinfo.kind == "cpu":
         needs_gpu = [n for n, p in plans.items() if any(v.target == "gpu" for v in p.variants.values())]
@@ -415,6 +433,9 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                   "limit"},
         "jobs": {"requested": jobs, "cores": os.cpu_count() or 1,
                  **({"gpus": gpu_list, "per_gpu": per_gpu} if gpu_list else {})},
+        "reference_jobs": dict(sorted(ctx.reference_jobs.items())),
+        "reference_cache": ref_cache.report() if ref_cache is not None else refcache.not_used(no_cache),
+        "phases_s": phases.totals(rows),
     }
     report = {"meta": meta, "rows": rows}
     out = Path(out)

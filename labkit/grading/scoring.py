@@ -17,6 +17,7 @@ from statistics import median
 import numpy as np
 
 from ..stages import Stage, label
+from .phases import rounded
 from .plan import StagePlan
 from .rubric import op_time_fraction
 from .sandbox import LINGER_S
@@ -67,6 +68,9 @@ class JobOutcome:
     quiet_probe: dict = dataclasses.field(default_factory=dict)  # the probe's samples, before and after the passes
     last_kernel: str = ""  # on a GPU, the kernel the child launched last (a hung job's row names it)
     finished: set = dataclasses.field(default_factory=set)  # the phases the child finished (PHASES)
+    phases: dict = dataclasses.field(default_factory=dict)  # seconds per phase (labkit.grading.phases)
+    technique_child: dict = dataclasses.field(default_factory=dict)  # on a GPU, the phases of the technique's
+    # simulator child when it ran beside this job's (its part after this child ended is in phases' technique)
     notes: list = dataclasses.field(default_factory=list)
 
 
@@ -192,6 +196,10 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
     details["checks"] = [f"[{label(plan.stage.number, o.case_variants[cid])}] {res}"
                          for cid, res in sorted(o.checks.items())]
     details["accuracy_runs"] = list(o.accuracy.values())
+    if o.phases:
+        details["phases_s"] = rounded(o.phases)
+    if o.technique_child:
+        details["technique_child_s"] = o.technique_child
     # the largest relative error over the compared outputs; none when an output was missing, not finite or the
     # wrong shape (the message says which), since a maximum over the others would look like a pass
     errors = [res.error for res in o.checks.values()]

@@ -12,6 +12,9 @@ Time a job spends stopped, or waiting for its turn, never counts against its lim
 the sandbox's deadline moves by it. Turns coordinate the jobs of one process (the parent, or one cluster worker).
 With ``cores`` (``labkit.grading.cores``), the holder runs its turn on a core the grader keeps free of everything
 else, its own threads included.
+The parent's own work for a job that may run beside other jobs (``parent_work``: the float64 answers of its timed
+passes, computed ahead) never runs beside another job's turn either: it waits while one is held, and a turn once
+taken waits for the piece in progress to end.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class Turns:
         self._holders: dict[Running, str | None] = {}
         self.cores = cores
         self._core: dict[Running, int | None] = {}  # the kept core each holder runs its turn on
+        self._working: dict[int, int] = {}  # id(owner) -> pieces of the parent's work for that job in progress
         self.log: list[dict] = []  # one entry a turn: who, which device, how long it waited and held, who it stopped
 
     def started(self, r: Running) -> None:
@@ -130,6 +134,11 @@ class Turns:
             stopped = [o for o in self._live if o not in self._holders and not o.frozen]
             for other in stopped:
                 other.freeze()
+            if any(owner != id(r) for owner in self._working):  # the parent's work for other jobs: let it end
+                r._begin()  # waiting: not counted against its limit
+                while any(owner != id(r) for owner in self._working):
+                    self._cond.wait()
+                r._end()
             self._core[r] = self.cores.take() if self.cores is not None and r.kept_core else None
             self._pin(r, {self._core[r]} if self._core[r] is not None else None)
             waited = time.monotonic() - start
@@ -160,6 +169,23 @@ class Turns:
     def _pin(self, r: Running, cores: set[int] | None) -> None:
         if cores and r.child is not None:
             r.sandbox.pin(r.child, cores)
+
+    @contextmanager
+    def parent_work(self, owner: Running | None):
+        """A piece of the parent's work for ``owner``'s job, kept out of every other job's turn: it starts once no
+        other job holds a turn, and a turn taken meanwhile waits until it ends."""
+        with self._cond:
+            while any(holder is not owner for holder in self._holders):
+                self._cond.wait()
+            self._working[id(owner)] = self._working.get(id(owner), 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._working[id(owner)] -= 1
+                if not self._working[id(owner)]:
+                    del self._working[id(owner)]
+                self._cond.notify_all()
 
     @contextmanager
     def hold(self, r: Running, device: str | None = WHOLE):

@@ -409,6 +409,10 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
     raise ValueError(f"no such task check: {spec.check!r}")
 
 
+#: each phase's words in a timeout's message ("while loading ...", "while running the checks")
+PHASE_WORDS = {"load": "loading the notebook's kernel cells", "checks": "the checks", "tasks": "the tasks",
+               "accuracy": "the accuracy runs", "timing": "timing", "technique": "the technique check"}
+
 #: the quiet device's probe (``Job.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
 QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.10, 10.0
 
@@ -541,9 +545,13 @@ class Job:
         student = StudentPhases(self)
         # the phases that settle the status (what the code computes, with what, and whether it patches the grader)
         # first; the technique's count, which only adds its points, last
+        # each phase with its frame, made before any student code runs (nothing it patches reaches them)
+        steps = [(phase, P.Phase(PHASE_WORDS[phase.__name__], step=phase.__name__))
+                 for phase in (student.load, student.checks, student.tasks, student.accuracy, student.timing,
+                               student.technique)]
         try:
-            for phase in (student.load, student.checks, student.tasks, student.accuracy, student.timing,
-                          student.technique):
+            for phase, frame in steps:
+                self.send(frame)  # the parent's clock: its seconds begin now
                 if not phase():
                     break
         except _Tampered as t:
@@ -570,7 +578,6 @@ class StudentPhases:
     def load(self) -> bool:
         ctx, job = self.ctx, self.ctx.job
         ctx.restore()
-        ctx.send(P.Phase("loading the notebook's kernel cells"))
         try:
             self.ns = ownership.load_cells(job.notebook, ctx.code.own, ctx.code.trees,
                                            define=tuple(dict.fromkeys(t.function for t in job.tasks)))
