@@ -34,6 +34,12 @@ MEANING = {
 }
 
 
+#: each phase in a few words (the tables' "where the time went")
+SHORT = {"start": "sandbox start and the child's hello", "inputs": "drawing the inputs", "load": "loading the cells",
+         "checks": "the checks", "tasks": "the tasks", "accuracy": "the accuracy runs", "timing": "the timed passes",
+         "technique": "the technique's count", "end": "ending the child", "waiting": "stopped or waiting"}
+
+
 class PhaseClock:
     """Seconds per phase of one job. ``switch(phase)`` closes the current phase and opens ``phase``; the seconds
     ``paused()`` grew by meanwhile go to ``waiting``."""
