@@ -20,7 +20,8 @@ PHASES = ("start", "inputs", "load", "checks", "tasks", "accuracy", "timing", "t
 MEANING = {
     "start": "private copies of labkit and the solutions, the sandbox, the child's interpreter, its imports and "
              "snapshot, reading its inputs: until its hello",
-    "inputs": "the parent draws the job's inputs and computes the float64 answers, writes inputs.npz",
+    "inputs": "the parent draws the job's inputs and writes inputs.npz (their float64 answers are computed while "
+              "the child runs: labkit.grading.ahead)",
     "load": "the student's kernel cells executed, VARIANTS read, the own-kernels scan",
     "checks": "every layer at every batch size and the whole network, each compared in the parent while the child "
               "waits for its verdict",
