@@ -2,6 +2,8 @@
 
     python3 tools/phase_costs.py OUT [--stages 04,05,06,07,08,09,10] [--correct 1] [--wrong 1] [--budget 450]
                                      [--cache] [--rubric PATH] [--seed N] [--unsandboxed]
+    python3 tools/phase_costs.py OUT --tables                   # the tables again, from OUT's reports
+    python3 tools/phase_costs.py OUT --compare OUT2 [OUT3 ...]  # the runs' means side by side
 
 writes a class under OUT/class: for every stage, ``--correct`` copies of the kit's solution and ``--wrong`` wrong
 submissions (the untouched student copy first, then the stage's kinds of tests/wrong_submissions.py), and grades it
@@ -31,7 +33,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-ALL_STAGES = ("04", "05", "06", "07", "08", "09", "10")
+MIX = ("04", "05", "06", "07", "08", "09", "10")  # the issue's mix (the default); 01-03 may be named too
+ALL_STAGES = ("01", "02", "03", *MIX)
 
 
 def wrong_kinds(stage: str) -> list[str]:
@@ -143,7 +146,7 @@ def costs(made: dict, walls: dict, report: dict) -> dict:
 
 
 def markdown(c: dict, meta: dict) -> str:
-    from labkit.grading.phases import MEANING, PHASES
+    from labkit.grading.phases import PHASES, SHORT
 
     shown = [p for p in PHASES if c["phases_s"][p] or c["reference_phases_s"][p]]
     head = "| stage | jobs | statuses | s/job | " + " | ".join(shown) + " | reference job (s) |"
@@ -165,7 +168,7 @@ def markdown(c: dict, meta: dict) -> str:
     whole = sum(spent.values()) or 1.0
     top = sorted(spent.items(), key=lambda kv: -kv[1])[:4]
     lines += ["", "Where the time went (students' and reference jobs' phases, waiting aside): "
-              + "; ".join(f"{p} {100 * v / whole:.0f} % ({MEANING[p].split(':')[0].split(',')[0]})" for p, v in top)
+              + "; ".join(f"{p} {100 * v / whole:.0f} % ({SHORT[p]})" for p, v in top)
               + ".", "",
               f"Jobs per hour: **{c['jobs_per_hour']['with_reference_jobs']}** with the reference jobs in the wall "
               f"time ({n} job{'s' * (n != 1)} and their stages' reference jobs in {c['wall_s']:.0f} s), "
@@ -193,6 +196,26 @@ def write_tables(out: Path, made: dict, walls: dict, left_out: list, report: dic
     return c
 
 
+def compare(outs: list[Path]) -> str:
+    """One line per earlier OUT (its phase_costs.json): the mix's mean seconds per job of each phase, its reference
+    jobs' seconds and the jobs per hour, side by side (before and after a change, on the same machine)."""
+    from labkit.grading.phases import PHASES
+
+    runs = [json.loads((out / "phase_costs.json").read_text()) for out in outs]
+    shown = [p for p in PHASES if any(r["phases_s"].get(p) for r in runs)]
+    lines = ["| run | jobs | s/job | " + " | ".join(shown) + " | reference jobs (s) | jobs/h | jobs/h without the "
+             "reference jobs |", "|" + "---|" * (len(shown) + 6)]
+    for out, r in zip(outs, runs):
+        n = r["jobs"]
+        own = sum(s["seconds"] for s in r["stages"].values())
+        label = r["meta"]["command"].rsplit("(", 1)[-1].rstrip(")") if "(" in r["meta"]["command"] else out.name
+        lines.append(f"| {label} | {n} | {_mean(own, n):.1f} | " + " | ".join(f"{_mean(r['phases_s'][p], n):.2f}"
+                                                                          for p in shown)
+                     + f" | {r['reference_wall_s']:.1f} | {r['jobs_per_hour']['with_reference_jobs']} | "
+                     + f"{r['jobs_per_hour']['without_reference_jobs']} |")
+    return "\n".join(lines) + "\n"
+
+
 def tables_again(args) -> int:
     """The tables of OUT written again from its grades.json and phase_costs.json (the command and date kept)."""
     old = json.loads((args.out / "phase_costs.json").read_text())
@@ -213,7 +236,7 @@ def tables_again(args) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--stages", default=",".join(ALL_STAGES))
+    ap.add_argument("--stages", default=",".join(MIX))
     ap.add_argument("--correct", type=int, default=1, help="copies of the solution per stage (default 1)")
     ap.add_argument("--wrong", type=int, default=1, help="wrong submissions per stage (default 1)")
     ap.add_argument("--budget", type=float, default=450.0,
@@ -225,10 +248,15 @@ def main(argv=None) -> int:
     ap.add_argument("--unsandboxed", action="store_true", help="no sandbox (only where there is none: trusted code)")
     ap.add_argument("--tables", action="store_true",
                     help="only write the tables again from OUT's reports (a run that was cut, or a newer table)")
+    ap.add_argument("--compare", nargs="+", type=Path, default=None,
+                    help="print one line per earlier OUT named here (with OUT itself first), side by side")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.tables:
         return tables_again(args)
+    if args.compare:
+        print(compare([args.out, *args.compare]), end="")
+        return 0
     stages = [s.strip().zfill(2) for s in args.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in ALL_STAGES]
     if bad or not stages:

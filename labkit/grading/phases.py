@@ -20,7 +20,8 @@ PHASES = ("start", "inputs", "load", "checks", "tasks", "accuracy", "timing", "t
 MEANING = {
     "start": "private copies of labkit and the solutions, the sandbox, the child's interpreter, its imports and "
              "snapshot, reading its inputs: until its hello",
-    "inputs": "the parent draws the job's inputs and computes the float64 answers, writes inputs.npz",
+    "inputs": "the parent draws the job's inputs and writes inputs.npz (their float64 answers are computed while "
+              "the child runs: labkit.grading.ahead)",
     "load": "the student's kernel cells executed, VARIANTS read, the own-kernels scan",
     "checks": "every layer at every batch size and the whole network, each compared in the parent while the child "
               "waits for its verdict",
@@ -32,6 +33,12 @@ MEANING = {
     "end": "after the last frame: every process gone, the private copies checksummed, the folder removed",
     "waiting": "stopped while another job timed, or waiting for its own turn (not in the row's seconds)",
 }
+
+
+#: each phase in a few words (the tables' "where the time went")
+SHORT = {"start": "sandbox start and the child's hello", "inputs": "drawing the inputs", "load": "loading the cells",
+         "checks": "the checks", "tasks": "the tasks", "accuracy": "the accuracy runs", "timing": "the timed passes",
+         "technique": "the technique's count", "end": "ending the child", "waiting": "stopped or waiting"}
 
 
 class PhaseClock:
