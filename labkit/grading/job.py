@@ -560,8 +560,14 @@ class Job:
         return probs
 
     # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
+    def _phase(self, phase: str) -> None:
+        """The job's ``phase`` begins now, on the parent's clock (a job a test made without one has none)."""
+        clock = getattr(self, "clock", None)
+        if clock is not None:
+            clock.switch(phase)
+
     def _on_hello(self, msg: P.Hello, payload, answer) -> None:
-        self.clock.switch("load")  # started: its interpreter, imports, snapshot and inputs are behind it
+        self._phase("load")  # started: its interpreter, imports, snapshot and inputs are behind it
         self.outcome.device = msg.device
         iso = self.running.sandbox if self.running is not None else isolation.Isolation()
         refused = _not_as_the_grader(self.lib, msg, iso)
@@ -570,7 +576,7 @@ class Job:
     def _on_phase(self, msg: P.Phase | P.Start, payload, answer) -> None:
         self.outcome.phase = msg.what[:200]
         if isinstance(msg, P.Phase) and msg.step in scoring.PHASES:  # the child's own phases only
-            self.clock.switch(msg.step)
+            self._phase(msg.step)
 
     def _on_load_error(self, msg: P.LoadError, payload, answer) -> None:
         self.outcome.load_error = msg.message[:2000]
@@ -684,7 +690,7 @@ class Job:
 
     def _on_done(self, msg, payload, answer) -> None:
         self.outcome.done = True
-        self.clock.switch("end")
+        self._phase("end")
 
     HANDLERS = {P.Hello: _on_hello, P.Phase: _on_phase, P.Start: _on_phase,
                 P.LoadError: _on_load_error, P.Loaded: _on_loaded, P.CaseResult: _on_case,
