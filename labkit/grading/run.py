@@ -351,7 +351,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     iso = isolation.choose(sandbox, unsandboxed)  # refused in one line where there is no sandbox
     private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
                "the solutions": solutions.resolve()}
-    ref_cache, no_cache = (None, "--cluster: each worker runs its stages' reference jobs") if cluster else \
+    ref_cache, no_cache = (None, f"{'--gpus' if gpus else '--cluster'}: each worker runs its stages' reference "
+                                 f"jobs") if cluster else \
         refcache.choose(cache, unsandboxed, {k: private[k] for k in ("the submissions", "--out")})
     if ref_cache is not None:
         ref_cache.sandbox_mode = iso.mode
