@@ -19,7 +19,7 @@ import pytest
 matplotlib.use("Agg")
 
 import labkit as lk  # noqa: E402
-from labkit import access, draw  # noqa: E402
+from labkit import access, draw, nbcells  # noqa: E402
 
 import tool_modules  # noqa: E402  (tests/ is on the path)
 
@@ -208,6 +208,10 @@ def test_insert_puts_each_reference_in_its_task_spec_once(tmp_path):
             if cell.cell_type == "markdown":
                 cell.source = re.sub(r"\n*!\[[^\]]*\]\(figures/[^)]*\)", "", cell.source)
         nbformat.write(nb, path)
+        source = nbcells.source_of(path)  # and from its paired source, the same lines as its markdown comments
+        if source.is_file():
+            source.write_text(re.sub(r"(\n#)*\n# !\[[^\]]*\]\(figures/[^)]*\)", "", source.read_text()))
+            assert not nbcells.out_of_step(path), nbcells.out_of_step(path)
     changed = TOOL.insert(folder)
     assert changed, "the first --insert changes the notebooks"
     assert TOOL.insert(folder) == [], "a second --insert changes nothing"
@@ -216,6 +220,7 @@ def test_insert_puts_each_reference_in_its_task_spec_once(tmp_path):
         holding = [c for c in nb.cells if f"(figures/{scene.name}.png)" in c.source]
         assert len(holding) == 1 and f"## Task {scene.task}" in holding[0].source, scene.name
         assert holding[0].source.count(f"(figures/{scene.name}.png)") == 1
+        assert not nbcells.out_of_step(folder / lk.STAGES[scene.stage].notebook)  # its source written again too
 
 
 def test_the_tool_says_what_is_wrong_in_one_line():
