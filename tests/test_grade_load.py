@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from labkit.grading import isolation, sandbox, scoring
-from labkit.grading.cores import Cores, affinity
+from labkit.grading.cores import Cores
 from labkit.grading.turns import WHOLE, Running, Turns
 
 
@@ -370,7 +370,7 @@ def test_the_kept_core_holds_the_whole_child_and_the_grader_stays_off_it(tmp_pat
     code = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\ntime.sleep(60)\n"
     cores.start()
     try:
-        assert affinity(os.getpid()) == set(allowed) - {kept}  # the grader's threads (and children) off the kept core
+        assert os.sched_getaffinity(os.getpid()) == set(allowed) - {kept}  # the grader's threads (and children) off the kept core
         view = isolation.View((), str(tmp_path), isolation.child_env(dict(os.environ), str(tmp_path), None))
         child = iso.spawn([sys.executable, "-c", code], view, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -390,7 +390,7 @@ def test_the_kept_core_holds_the_whole_child_and_the_grader_stays_off_it(tmp_pat
             iso.stop(child)
     finally:
         cores.stop()
-    assert affinity(os.getpid()) == original
+    assert os.sched_getaffinity(os.getpid()) == original
 
 
 def _threads_affinity(pid: int) -> list[set]:

@@ -114,14 +114,3 @@ class Cores:
             with self._lock:
                 self._free.append(core)
 
-
-def affinity(pid: int) -> set[int]:
-    """The cores a process may run on now (its first thread's), read from /proc as tests and reports see it."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            cores: set[int] = set()
-            for part in line.split(":", 1)[1].strip().split(","):
-                lo, _, hi = part.partition("-")
-                cores |= set(range(int(lo), int(hi or lo) + 1))
-            return cores
-    return set()
