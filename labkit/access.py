@@ -38,13 +38,15 @@ class Launch:
     def names(self) -> list[str]:
         return list(self.arrays)
 
-    def to_json(self) -> dict:
+    def to_json(self, packed: bool = False) -> dict:
+        """As JSON: the rows as lists, or ``packed`` into one string (``pack_rows``)."""
         return {"kernel": self.kernel, "grid": list(self.grid), "block": list(self.block), "arrays": self.arrays,
-                "rows": self.rows.tolist()}
+                "rows": pack_rows(self.rows) if packed else self.rows.tolist()}
 
     @classmethod
     def from_json(cls, d: dict) -> Launch:
-        rows = np.asarray(d["rows"], np.int64).reshape(-1, len(COLUMNS))
+        rows = unpack_rows(d["rows"]) if isinstance(d["rows"], str) else \
+            np.asarray(d["rows"], np.int64).reshape(-1, len(COLUMNS))
         return cls(d["kernel"], tuple(d["grid"]), tuple(d["block"]), d["arrays"], rows)
 
     def threads(self) -> np.ndarray:
@@ -220,9 +222,12 @@ def _sizes(case) -> dict:
 
 
 def _role(name: str, kind: str, shape: tuple, stores: bool, loads: bool, sizes: dict) -> str:
-    """What an array holds, from its shape against the case's (global arrays) or its name (shared, constant)."""
+    """What an array holds: as the case says (``sizes["roles"]``: name -> role), else from its shape against the
+    case's (global arrays of a conv case) or its name (shared, constant)."""
     shape = tuple(shape)
-    n, c, h, w, m, k = (sizes[key] for key in ("N", "C", "H", "W", "M", "K"))
+    given = sizes.get("roles", {}).get(name)
+    if given:
+        return given
     if kind == "constant":
         return "weights"
     if kind == "shared":
@@ -232,6 +237,10 @@ def _role(name: str, kind: str, shape: tuple, stores: bool, loads: bool, sizes: 
         if low.startswith("o") or any(s in low for s in ("out", "acc", "red", "sum", "partial")):
             return "output"
         return "input"
+    if "N" not in sizes:  # not a conv case: by shape, as the case lists its arrays
+        by_shape = {tuple(v): r for r, v in sizes.get("shapes", {}).items()}
+        return by_shape.get(shape, "output" if stores and not loads else "buffer")
+    n, c, h, w, m, k = (sizes[key] for key in ("N", "C", "H", "W", "M", "K"))
     size = int(np.prod(shape))
     if not stores and (shape == (m, c, k, k) or (size == m * c * k * k and shape != (n, c, h, w))):
         return "weights"  # a reshaped view (stage 07's M x C*K*K matrix) is still the weights
@@ -246,6 +255,7 @@ def _role(name: str, kind: str, shape: tuple, stores: bool, loads: bool, sizes: 
 
 def _launch_of(sim_launch, sizes: dict) -> Launch:
     names = sorted(sim_launch.arrays)  # not the order of first access: that is the simulator's thread order
+    # (an atomic add's read is part of its write: an array only added into is an output)
     index = {name: i for i, name in enumerate(names)}
     rows = np.array([(index[a], flat, *blk, *thr, ep, int(st), int(at))
                      for a, flat, blk, thr, ep, st, at in sim_launch.accesses], np.int64).reshape(-1, len(COLUMNS))
@@ -254,31 +264,62 @@ def _launch_of(sim_launch, sizes: dict) -> Launch:
         kind, shape = sim_launch.arrays[name]
         mine = rows[rows[:, 0] == index[name]]
         arrays[name] = {"kind": kind, "shape": list(shape),
-                        "role": _role(name, kind, shape, bool(mine[:, 9].any()), bool((mine[:, 9] == 0).any()),
-                                      sizes)}
+                        "role": _role(name, kind, shape, bool(mine[:, 9].any()),
+                                      bool(((mine[:, 9] == 0) & (mine[:, 10] == 0)).any()), sizes)}
     return Launch(sim_launch.kernel, tuple(sim_launch.grid), tuple(sim_launch.block), arrays, rows)
 
 
-def record_here(fn, case, arrays: str = "device", name: str = "") -> Recording:
-    """Call ``fn`` on ``case`` under the simulator and keep every access of every launch it makes."""
-    from . import engine, simcheck, simulator
+def record_here(fn, case, arrays: str = "device", name: str = "", shapes: dict | None = None) -> Recording:
+    """Call ``fn`` on ``case`` under the simulator and keep every access of every launch it makes (CUDA C's too,
+    on the CPU emulation: ``labkit.cudacpu.record``; ``shapes``: name -> shape of a CUDA C kernel's shared array)."""
+    from . import engine
+
+    rec = record_call(lambda: engine.call_layer(fn, case.layer, case.x, case.weights, arrays), _sizes(case),
+                      name or getattr(fn, "__name__", "fn"), shapes)
+    rec.expected = np.asarray(case.expected, np.float64).ravel().tolist()
+    return rec
+
+
+def record_call(call, sizes: dict, name: str, shapes: dict | None = None) -> Recording:
+    """Run ``call()`` under the simulator and keep every access of every launch it makes; ``sizes`` describes the
+    case (``out``: the output's shape; ``roles``: array name -> role; ``shapes``: role -> shape). The output
+    ``call()`` returns, if any, is kept for ``first_wrong``. A TODO stub raises NotImplementedError again unless
+    some kernel ran before it (stage 07's unroll before the product); any other raise is kept as ``raised``."""
+    from . import simcheck, simulator
+    from .cudacpu import record as c_record
 
     if not simulator.active():
         raise RuntimeError("recording accesses needs the CUDA simulator (labkit.access.record runs it in a child "
                            "process on a GPU machine)")
-    sizes = _sizes(case)
-    with simcheck.watching(log=True) as watch:
+    sizes = dict(sizes)
+    got = None
+    with simcheck.watching(log=True) as watch, c_record.recording(watch, shapes):
         try:
-            got = engine.call_layer(fn, case.layer, case.x, case.weights, arrays)
-        except NotImplementedError:
-            raise
+            got = call()
+        except NotImplementedError as exc:
+            if not watch.launches:
+                raise
+            sizes["stub"] = " ".join(str(exc).split())[:200]
         except Exception as exc:  # noqa: BLE001 - the picture of what ran before the raise is still worth drawing
-            got = None
             sizes["raised"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:200]
-    rec = Recording(name or getattr(fn, "__name__", "fn"), [_launch_of(ln, sizes) for ln in watch.launches], sizes)
+    rec = Recording(name, [_launch_of(ln, sizes) for ln in watch.launches], sizes)
     rec.output = None if got is None else np.asarray(got, np.float64).ravel().tolist()
-    rec.expected = np.asarray(case.expected, np.float64).ravel().tolist()
     return rec
+
+
+def pack_rows(rows: np.ndarray) -> str:
+    """Rows of accesses as text for a JSON file: int32, zlib, base64 (a block's rows: a few kilobytes)."""
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(np.ascontiguousarray(rows, np.int32).tobytes(), 9)).decode()
+
+
+def unpack_rows(text: str) -> np.ndarray:
+    import base64
+    import zlib
+
+    return np.frombuffer(zlib.decompress(base64.b64decode(text)), np.int32).astype(np.int64).reshape(-1, len(COLUMNS))
 
 
 # ------------------------------------------------------------------------------ in a child, on a GPU machine

@@ -65,9 +65,9 @@ def per_thread_counts(launch: Launch, mask: np.ndarray) -> dict[str, int]:
     _, owner = np.unique(rows[:, 2:8], axis=0, return_inverse=True)
     owner = owner.ravel()
     out = {}
-    for kind in KINDS:
+    for kind in KINDS:  # an atomic add's read is part of its one store, not a load of its own
         mem, op = kind.split()
-        pick = (kind_of == mem) & (rows[:, 9] == (op == "store"))
+        pick = (kind_of == mem) & (rows[:, 9] == (op == "store")) & ((op == "store") | (rows[:, 10] == 0))
         out[kind] = int(np.bincount(owner[pick]).max()) if pick.any() else 0
     return out
 
@@ -244,14 +244,24 @@ def compare_figure(yours: Launch, spec: Launch, yours_sel, spec_sel, *, title: s
                    most_epochs: int = 4, note: str = ""):
     """"Yours vs the spec": the same picture for a thread of your launch and the spec's thread, one above the other,
     with squares where they (or their blocks) differ (magenta: the spec reads it, yours does not; black: yours
-    reads it, the spec does not). ``*_sel``: (block, thread) pairs."""
-    ys, yc, ywho = select(yours, *yours_sel)
-    ss, sc, swho = select(spec, *spec_sel)
-    pairs = _match_arrays(yours, spec)
-    ymarks, smarks = _differences(yours, ys, spec, ss, pairs, yc, sc)
-    stack = [(yours, ys, yc, f"yours: {ywho}", ymarks), (spec, ss, sc, f"the spec: {swho}", smarks)]
-    words = diff_words(yours, ys, spec, ss, pairs)
-    return _figure(stack, title, budget, most_epochs, "\n".join(filter(None, [words, note])), heads=("yours", "spec"),
+    reads it, the spec does not). ``*_sel``: (block, thread) pairs, or (block, thread, warp)."""
+    return compare_pairs([("", yours, yours_sel, spec, spec_sel)], title=title, budget=budget,
+                         most_epochs=most_epochs, note=note)
+
+
+def compare_pairs(pairs, *, title: str = "", budget: dict | None = None, most_epochs: int = 4, note: str = ""):
+    """``compare_figure`` for several pairs, each yours above the spec's: ``pairs`` = [(label, your launch, your
+    selection, the spec's launch, its selection), ...] (stage 06's uniform and divergent kernels: two pairs)."""
+    stack, words, heads = [], [], []
+    for label, yours, yours_sel, spec, spec_sel in pairs:
+        (ys, yc, ywho), (ss, sc, swho) = select(yours, *yours_sel), select(spec, *spec_sel)
+        match, tag = _match_arrays(yours, spec), f", {label}" if label else ""
+        ymarks, smarks = _differences(yours, ys, spec, ss, match, yc, sc)
+        stack += [(yours, ys, yc, f"yours{tag}: {ywho}", ymarks), (spec, ss, sc, f"the spec{tag}: {swho}", smarks)]
+        said = diff_words(yours, ys, spec, ss, match)
+        words.append(f"{label}, {said[0].lower() + said[1:]}" if label else said)
+        heads += [f"yours {label}".strip(), f"spec {label}".strip()]
+    return _figure(stack, title, budget, most_epochs, "\n".join(filter(None, [*words, note])), heads=tuple(heads),
                    compare=True)
 
 
@@ -381,14 +391,15 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
             touched = set(sel_rows[np.isin(sel_rows[:, 0], ids), 8].tolist()) | set(
                 ctx_rows[np.isin(ctx_rows[:, 0], ids), 8].tolist()) | {ALL}
             bands.append((launch, sel_rows, ctx_rows, (who + (f"   ({skipped})" if skipped else "")) if k == 0
-                          else "", marks, [e for e in epochs if e in touched] if k else epochs,
+                          else "", marks, [e for e in epochs if e in touched or (k == 0 and e == ALL)],
                           [c for c, _ in part], [z for _, z in part]))
     # one cell size for the whole figure, so that a tile and the image it comes from compare by eye; an array
     # taller than a panel may be (an unrolled matrix) gets smaller cells of its own
     cell = min(_fit(b[7], room) for b in bands)
     rows_in = [_row_heights(b, cell) for b in bands]  # per band, per epoch: its tallest panel
     title_in = TITLE_IN + 0.17 * title.count("\n")
-    height = title_in + sum(HEAD_IN + sum(r) for r in rows_in) + FOOT_IN + (0.25 if note else 0)
+    note_in = 0.13 * (note.count("\n") + 1) + 0.12 if note else 0.0
+    height = title_in + sum(HEAD_IN + sum(r) for r in rows_in) + FOOT_IN + note_in
     fig = plt.figure(figsize=(WIDTH, height))
     y = height - title_in
     for (launch, sel_rows, ctx_rows, who, marks, epochs, cols, sizes), row_in in zip(bands, rows_in):
@@ -418,7 +429,7 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
                 ax = fig.add_axes([x0 / WIDTH, (y - 0.07 - bh) / height, bw / WIDTH, bh / height])
                 _panel(ax, launch, name, s_e, c_e, (marks or {}).get((name, e)))
             y -= eh
-    base = 0.25 if note else 0.0
+    base = note_in
     _count_table(fig, height, stack, budget, compare, heads, base)
     handles = [Patch(facecolor=COLOURS[r], label=r) for r in ROLES if any(
         launch.arrays[n]["role"] == r for launch, *_ in stack for n in launch.names)]

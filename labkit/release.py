@@ -410,11 +410,13 @@ def _given_code(repo: Path, out: Path, milestone: str) -> dict[str, str]:
 
 
 def _figures(repo: Path, out: Path, number: str) -> None:
-    """The access pictures a released stage's task specs show (``notebooks/figures/NN_task*.png``): patterns of
-    reads and writes, no code, so they ship with the stage's notebook."""
-    for png in sorted((repo / "notebooks" / "figures").glob(f"{number}_task*.png")):
-        (out / "notebooks" / "figures").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(png, out / "notebooks" / "figures" / png.name)
+    """The access pictures a released stage's task specs show (``notebooks/figures/NN_task*.png``) and the spec's
+    recordings beside them, which ``lk.show.task`` draws under a student's own (``NN_task*.json``): patterns of reads
+    and writes, no code, so they ship with the stage's notebook."""
+    for path in sorted((repo / "notebooks" / "figures").glob(f"{number}_task*")):
+        if path.suffix in (".png", ".json"):
+            (out / "notebooks" / "figures").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, out / "notebooks" / "figures" / path.name)
 
 
 def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False, force: bool = False) -> Verification:

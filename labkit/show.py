@@ -6,6 +6,12 @@ records every access on the simulator (``labkit.access``: in a child process whe
 its load and store counts beside the task's budget. ``spec=True`` draws the kit's solution's thread for the same
 output element under yours. ``lk.show.failure(VARIANTS["name"], "cifar10", "conv1")`` does that for the thread that
 wrote the first wrong element, the picture a FAIL line of the self-check points to.
+
+``lk.show.task("04", "pad")`` is the cell at the end of every task of stages 02 to 10 with GPU work of its own: the
+task's scene (``labkit.scenes``: pad, normalize, unroll, matmul, atomics, split-K and the convolutions; CUDA C on
+the CPU emulation; a timeline of what the code queues for the tasks of several launches; which CPU thread of a
+``prange`` does what) run on the student's own code and drawn beside the spec's committed recording. A TODO stub
+gives one line.
 """
 
 from __future__ import annotations
@@ -70,7 +76,142 @@ def failure(fn, net: str = "cifar10", layer: str = "conv2", *, seed: int | None 
     return None
 
 
+def task(stage: str, name: str, *, namespace: dict | None = None):
+    """The cell at the end of a task: the task's scene (``labkit.scenes``) run on your own code, drawn beside the
+    kit's solution's committed recording, as GPU-Puzzles' ``problem.show()``: what a thread (a warp, a block) of
+    your kernel reads and writes with its counts against the task's budget, or for a task of several launches what
+    your code queues on which stream (a timeline), or for a ``prange`` which CPU thread does what. While your code
+    is the TODO stub it prints one line. Returns the (last) figure; a task of two pictures shows the first too."""
+    from . import scenes, tasks
+
+    namespace = namespace if namespace is not None else sys._getframe(1).f_globals
+    found = tasks.find(str(stage).zfill(2), name)
+    figures = [f for f in (_task_figure(s, found, namespace) for s in scenes.of_task(stage, name)) if f is not None]
+    for fig in figures:
+        fig.set_dpi(TASK_DPI)
+    if not scenes.of_task(stage, name):
+        print(f"task {found.name} ({found.title}) has no GPU work of its own to draw")
+    if len(figures) > 1:
+        try:
+            from IPython.display import display
+
+            for fig in figures[:-1]:
+                display(fig)
+        except ImportError:
+            pass
+    return figures[-1] if figures else None
+
+
 show.failure = failure  # lk.show.failure(...), next to lk.show(...)
+show.task = task  # lk.show.task("04", "pad"): the cell at the end of a task
+
+
+# ----------------------------------------------------------------------------------------------- lk.show.task
+
+TASK_DPI = 80  # a task cell's figure as the notebook stores it: a notebook holds one per task
+
+
+def _task_figure(scene, found, namespace: dict):
+    """One scene of a task on the notebook's code, above the spec's; None (and one line) when nothing to draw."""
+    import textwrap
+
+    from . import scenes
+
+    head = f"{scene.stage} task {scene.task} ({found.title})"
+    try:
+        yours = scenes.record_any(scene, namespace, scene.stage)
+    except NotImplementedError as exc:
+        _stub_line(head, str(exc), found.function)
+        return None
+    except NameError as exc:
+        print(f"{head}: nothing to draw: {exc}")
+        return None
+    stopped = [rec.case["stub"] for _, rec in yours if isinstance(rec, access.Recording) and rec.case.get("stub")
+               and scene.kernel and not any(ln.kernel.startswith(scene.kernel) for ln in rec.launches)]
+    if stopped:
+        _stub_line(head, stopped[0], found.function)
+        return None
+    spec = scenes.load_spec(scene)
+    title = "\n".join(textwrap.wrap(f"{head}, yours and the spec: {scene.caption}", 118))
+    missing = "" if spec is not None else f"(the spec's recording, figures/{scene.name}.json, is not here: yours alone)"
+    if scene.kind == "timeline":
+        from . import timeline
+
+        items = [("yours", yours[0][1])] + ([("the spec", spec[0][1])] if spec else [])
+        note = timeline.ORDER + (" " + missing if missing else "")
+        return _shown(timeline.figure(items, title=title, note=note))
+    if scene.kind == "cpu":
+        from . import cpu_threads
+
+        rows = []
+        for k, (label, launch) in enumerate(yours):
+            flat = None if scene.element is None else int(np.ravel_multi_index(
+                scene.element, launch.arrays["out"]["shape"]))
+            row = [(f"yours: {label}", launch, "out", flat)]
+            if spec and k < len(spec):
+                row.append((f"the spec: {spec[k][0]}", spec[k][1], "out", flat))
+            rows += [row] if flat is None else [[item] for item in row]
+        note = (f"{cpu_threads.THREADS} threads, numba's default schedule (each thread one contiguous, equal share of "
+                f"a prange's iterations). {missing}")
+        return _shown(cpu_threads.figure(rows, title=title, note=note.strip()))
+    return _access_figure(scene, yours, spec, title, missing)
+
+
+def _stub_line(head: str, said: str, function: str) -> None:
+    """The one line of a task whose code (or code it needs) is still the TODO stub."""
+    from .stages import STUB_MARK
+
+    said = " ".join(said.split()).replace(f": {STUB_MARK}", "").replace(STUB_MARK, "").strip(" :")
+    which = said if said and " " not in said else "the CUDA C source" if "CUDA C" in said else function
+    print(f"{head}: nothing of yours to draw yet: {which} is still the TODO stub (the spec's picture is in the task "
+          f"above)")
+
+
+def _access_figure(scene, yours, spec, title: str, missing: str):
+    from . import scenes
+
+    pairs, stack, notes = [], [], []
+    for k, (label, rec) in enumerate(yours):
+        try:
+            launch = rec.launch(scene.kernel)
+        except ValueError as exc:
+            why = rec.case.get("stub") or rec.case.get("raised")
+            print(f"{scene.stage} task {scene.task}: nothing to draw: {exc}" + (f" ({why})" if why else ""))
+            return None
+        try:
+            sel = scenes.selection(scene, rec, launch)
+        except ValueError as exc:  # your launch is shaped otherwise than the spec's: its first block
+            notes.append(f"{exc}; drawn: your block 0")
+            sel = (0, scene.thread if scene.thread is not None else None, scene.warp)
+        if scene.element is not None and scene.block is None and access.writer(rec, launch, scene.element) is None:
+            notes.append(f"no thread of yours wrote out[{', '.join(map(str, scene.element))}]: drawn, your thread 0 "
+                         f"of block 0")
+        notes.append(_verdict(rec, label))
+        if spec and k < len(spec):
+            pairs.append((label, launch, sel, spec[k][1], spec[k][2]))
+        else:
+            stack.append((launch, sel, label))
+    note = "\n".join(filter(None, [*notes, missing]))
+    if pairs and not stack:
+        return _shown(draw.compare_pairs(pairs, title=title, budget=scene.budget or None,
+                                         most_epochs=scene.most_epochs, note=note))
+    return _shown(draw.stacked_figure(stack, title=title, budget=scene.budget or None, most_epochs=scene.most_epochs,
+                                      note=note))
+
+
+def _verdict(rec, label: str) -> str:
+    """One line on your output for this small case: right, or its first wrong element (the check says more)."""
+    who = f"{label}: " if label else ""
+    if rec.case.get("raised"):
+        return f"{who}your code raised {rec.case['raised']}"
+    if rec.case.get("stub"):
+        return f"{who}it stopped at a TODO stub: {rec.case['stub']}"
+    if rec.output is None or rec.expected is None:
+        return ""
+    wrong = access.first_wrong(rec)
+    if wrong is None:
+        return f"{who}your output on this small case: every element right"
+    return f"{who}your output on this small case: first wrong element out[{', '.join(map(str, wrong))}]"
 
 
 # ----------------------------------------------------------------------------------------------- helpers

@@ -59,6 +59,8 @@ lk.notebook.parallel_diagnostics(conv_parallel_auto, level=4)
 # loop is a `prange`: one parallel region per image). Both write `b[m] + conv_point(...)` for every output element,
 # as stage 01 did. `conv_prange_n` takes roughly {{lines:prange_n}}, `conv_prange_m` roughly {{lines:prange_m}}. A `prange` is your promise that no two iterations write the same element:
 # numba does not check it.
+#
+# ![Task 1: which CPU thread does what, drawn from the kit's solution](figures/02_task1.png)
 
 # %% tags=["kernel"]
 @njit(parallel=True)
@@ -85,6 +87,11 @@ def conv_prange_m(x, w, b, out, pad, stride):
     ### END SOLUTION
 
 
+# %%
+# Which CPU thread writes which outputs: yours beside the spec's
+lk.show.task("02", "prange")
+
+
 # %% [markdown]
 # ## Task 2 — only the reduction in parallel
 #
@@ -92,6 +99,8 @@ def conv_prange_m(x, w, b, out, pad, stride):
 # flattened reduction, like OpenACC's `collapse(3)`: recover `c = t // (K·K)`, `p = (t // K) % K`, `q = t % K`, skip
 # the taps in the padding, and add into a scalar with `+=`. numba turns that scalar into a reduction (each thread sums
 # its share; the shares are added when the loop ends: OpenACC's `reduction(+:sum)`). Roughly {{lines:prange_reduction}}.
+#
+# ![Task 2: which CPU thread does what, drawn from the kit's solution](figures/02_task2.png)
 
 # %% tags=["kernel"]
 @njit(parallel=True)
@@ -114,6 +123,10 @@ def conv_prange_reduction(x, w, b, out, pad, stride):
                     out[n, m, i, j] = acc
     ### END SOLUTION
 
+
+# %%
+# Which CPU thread sums which terms of one output: yours beside the spec's
+lk.show.task("02", "prange_reduction")
 
 # %%
 for fn in (conv_prange_n, conv_prange_reduction):
@@ -194,6 +207,11 @@ def conv_block_per_map(x, w, b, out, pad, stride):
     ### END SOLUTION
 
 
+# %%
+# What one thread of each mapping reads and writes: yours beside the spec's
+lk.show.task("02", "gpu_mappings")
+
+
 # %% [markdown]
 # ## Task 4 — only the reduction in parallel, on the GPU
 #
@@ -241,6 +259,11 @@ def conv_reduction_kernel(x, w, b, out, pad, stride):
 
 def conv_reduction(x, w, b, out, pad, stride):
     lk.gpu.launch_grid(conv_reduction_kernel, out.size, RED_THREADS, x, w, b, out, pad, stride)
+
+
+# %%
+# What one block's threads read and write, barrier by barrier: yours beside the spec's
+lk.show.task("02", "tree")
 
 
 # %% [markdown]

@@ -71,6 +71,8 @@ GPU_LAYERS = {**lk.kernels.GIVEN, "conv": s02.conv_thread_per_output}
 # `lk.layers.OUT_AT[kind]`), call `fn` on the managed buffers, `cuda.synchronize()` (a launch returns at once: the host
 # may touch managed memory only after the kernel), and read the result with `args[out_at][...] = ...`. No copy call
 # anywhere: host writes, GPU reads and writes, host reads, and the pages move. Roughly {{lines:with_managed}}.
+#
+# ![Task 1: what the code queues, on which stream, drawn from the kit's solution](figures/03_task1.png)
 
 # %% tags=["kernel"]
 def with_managed(fn, kind):
@@ -90,6 +92,11 @@ def with_managed(fn, kind):
         ### END SOLUTION
 
     return on_managed_memory
+
+
+# %%
+# What one call of your wrapper queues, and what the host touches: yours beside the spec's
+lk.show.task("03", "with_managed")
 
 
 # %% tags=["kernel"]

@@ -75,6 +75,11 @@ def pad_kernel(x, xp, pad):
         ### END SOLUTION
 
 
+# %%
+# What one thread of your pad kernel reads and writes: yours beside the spec's
+lk.show.task("04", "pad")
+
+
 # %% [markdown]
 # ## Task 2 — a convolution without bounds tests
 #
@@ -119,6 +124,10 @@ def conv_padded(x, w, b, out, pad, stride):
     ### END SOLUTION
 
 
+# %%
+# What one thread of your convolution reads and writes: yours beside the spec's
+lk.show.task("04", "padded")
+
 # %% tags=["kernel"]
 BOUNDS = {**lk.kernels.GIVEN, "conv": conv_bounds}
 PADDED = {**lk.kernels.GIVEN, "conv": conv_padded}
@@ -145,9 +154,13 @@ VARIANTS = lk.variants("04", {
 #   `lk.gpu.buffer("input", shape)`, and run the network on them with
 #   `lk.engine.forward(NET, variant, lk.engine.Prepared(x, weights))`, which returns the probabilities on the host.
 #   Roughly {{lines:classify}}.
+#
+# ![Task 3: what the threads read and write, drawn from the kit's solution](figures/04_task3.png)
+#
+# ![Task 3: what the code queues, on which stream, drawn from the kit's solution](figures/04_task3b.png)
 
-# %%
-NET = net
+# %% tags=["kernel"]
+NET = lk.get_net("cifar10")
 
 
 @cuda.jit
@@ -178,6 +191,10 @@ def classify(raw, weights, variant, per_image=False):
         ### END SOLUTION
     return probs
 
+
+# %%
+# One thread of your normalize kernel, then what classify queues: yours beside the spec's
+lk.show.task("04", "classify")
 
 # %% [markdown]
 # ## Check

@@ -95,6 +95,10 @@ def make_tiled_kernel(T, K):
     return conv_tiled_kernel
 
 
+# %%
+# What one thread of your tiled kernel reads and writes: yours beside the spec's
+lk.show.task("05", "tiled_kernel")
+
 # %% [markdown]
 # ## Task 2 — the launch
 #
@@ -132,6 +136,10 @@ VARIANTS = lk.variants("05", {
     "tiled_16": lk.Variant({**lk.kernels.GIVEN, "conv": conv_tiled_16}, arrays="device",
                            note="16x16 output tiles, input tile + halo and weights in shared memory"),
 })
+
+# %%
+# What one block of your launch reads and writes: yours beside the spec's
+lk.show.task("05", "tiled_launch")
 
 # %% [markdown]
 # ## Check

@@ -124,6 +124,10 @@ def conv_const(maps_fastest):
 
 conv_const_uniform, conv_const_divergent = conv_const(False), conv_const(True)
 
+# %%
+# What warp 0 reads, in both orders: yours beside the spec's
+lk.show.task("06", "const_kernel")
+
 # %% [markdown]
 # ## Task 2 — the same kernel in CUDA C, with a `__constant__` array
 #
@@ -132,6 +136,8 @@ conv_const_uniform, conv_const_divergent = conv_const(False), conv_const(True)
 # Roughly {{lines:const_c}}. `conv_const_c` (given) copies the weights into `c_w` with one device-to-device copy and launches it
 # through `lk.gpu.launch_raw`. On a GPU it runs through cupy; elsewhere it is compiled for the CPU and checked there
 # (its check lines say "CPU emulation of CUDA C"), or skipped with a line saying what to install.
+#
+# ![Task 2: what the threads read and write, drawn from the kit's solution](figures/06_task2.png)
 
 # %% tags=["kernel"]
 CUDA_SOURCE = r"""
@@ -170,6 +176,11 @@ def conv_const_c(x, w, b, out, pad, stride):
     lk.gpu.upload_constant(module, "c_w", w)
     args = (xp, b, out, *(np.int32(v) for v in (N, C, Hp, Wp, M, K, Ho, Wo, stride)))
     lk.gpu.launch_raw(module.get_function("conv_const_c"), lk.gpu.blocks(out.size), lk.gpu.TPB, args)
+
+
+# %%
+# What one thread of your CUDA C kernel reads and writes: yours beside the spec's
+lk.show.task("06", "const_c")
 
 
 # %% tags=["kernel"]

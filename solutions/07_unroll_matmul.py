@@ -76,6 +76,11 @@ def unroll_kernel(x, X, pad, stride, K):
         ### END SOLUTION
 
 
+# %%
+# What one thread of your unroll kernel reads and writes: yours beside the spec's
+lk.show.task("07", "unroll")
+
+
 # %% [markdown]
 # ## Task 2 — the tiled matrix multiply
 #
@@ -165,6 +170,10 @@ VARIANTS = lk.variants("07", {
     "unroll_cublas": lk.Variant({**lk.kernels.GIVEN, "conv": conv_unroll_cublas}, arrays="device",
                                 requires=("cupy",), note="im2col, then cuBLAS (cupy.matmul): the library baseline"),
 })
+
+# %%
+# What one thread of your matrix multiply reads and writes: yours beside the spec's
+lk.show.task("07", "matmul")
 
 # %% [markdown]
 # ## Check

@@ -130,6 +130,11 @@ def conv_fused(x, w, b, out, pad, stride, act=0, pool=0):
     lk.gpu.launch_grid(KERNELS[key], (math.ceil(cols / T), math.ceil(M / T), N), (T, T), x, w, b, out, pad, stride)
 
 
+# %%
+# What one thread of your fused kernel reads and writes: yours beside the spec's
+lk.show.task("08", "fused")
+
+
 # %% [markdown]
 # ## Task 2 — the reduction over input channels, with atomics
 #
@@ -170,6 +175,11 @@ def conv_atomic_kernel(x, w, b, out, pad, stride):
 def conv_atomic(x, w, b, out, pad, stride):
     lk.gpu.launch(zero_kernel, out.size, lk.gpu.flat(out))
     lk.gpu.launch(conv_atomic_kernel, out.size * x.shape[1], x, w, b, out, pad, stride)
+
+
+# %%
+# What one thread of your atomic kernel reads and adds: yours beside the spec's
+lk.show.task("08", "atomic")
 
 
 # %% tags=["kernel"]

@@ -121,6 +121,10 @@ def conv_pooled(x, w, b, out, pad, stride, act=0, pool=0):
     lk.gpu.launch(POOLED(w, act, pool), N * Ho * Wo, x, b, out, pad)
 
 
+# %%
+# What one thread of your pooled kernel reads and writes: yours beside the spec's
+lk.show.task("09", "pooled")
+
 # %% [markdown]
 # ## Task 2 — the same kernel in CUDA C, with and without `__restrict__` and `#pragma unroll`
 #
@@ -128,6 +132,8 @@ def conv_pooled(x, w, b, out, pad, stride, act=0, pool=0):
 # a `__constant__` array. Write the body of `conv_pooled_c` (the numba kernel above, on flat pointers; `RESTRICT` and
 # `UNROLL` are macros that expand to `__restrict__` and `#pragma unroll`, or to nothing). Roughly {{lines:pooled_c}}. On a
 # machine without a GPU it is compiled for the CPU and checked there (its check lines say "CPU emulation of CUDA C").
+#
+# ![Task 2: what the threads read and write, drawn from the kit's solution](figures/09_task2.png)
 
 # %% tags=["kernel"]
 CUDA_SOURCE = r"""
@@ -199,6 +205,10 @@ def conv_pooled_cuda(restrict_unroll):
     pooled_c.__name__ = "conv_pooled_c_restrict_unroll" if restrict_unroll else "conv_pooled_c"
     return pooled_c
 
+
+# %%
+# What one thread of your CUDA C kernel reads and writes: yours beside the spec's
+lk.show.task("09", "pooled_c")
 
 # %% [markdown]
 # ## Task 3 — register tiles, in four steps
@@ -457,6 +467,10 @@ def tile_candidates(every=False):
 
 
 ON_CPU = {"09 tiles weights_in=constant tpb=128", "09 tiles weights_in=shared tpb=128 split=2 prefetch=1"}
+
+# %%
+# What one thread of your register-tile kernel reads and writes: yours beside the spec's
+lk.show.task("09", "tiles")
 
 # %%
 # NBVAL_CHECK_OUTPUT

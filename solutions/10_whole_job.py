@@ -81,6 +81,8 @@ FUSE = s09.FUSE
 #
 # The `w` tile has `T + 1` columns (`TP`): in the multiply-adds the threads of a warp read down a column of `ws`, and
 # the extra column puts those reads in different memory banks.
+#
+# ![Task 1: what the threads read and write, drawn from the kit's solution](figures/10_task1.png)
 
 # %% tags=["kernel"]
 T = lk.simulator.threads(16, 8)  # 16 x 16 threads on a GPU; 8 x 8 on the simulator, whose threads are Python threads
@@ -160,6 +162,11 @@ def fc_splitk(x, w, b, out, splits=0):
     lk.gpu.launch(sum_splits, N * OUT, part, b, out)
 
 
+# %%
+# What one thread of your split-K kernel reads and writes: yours beside the spec's
+lk.show.task("10", "splitk")
+
+
 # %% [markdown]
 # ## Task 2 — the whole call as one CUDA graph
 #
@@ -175,6 +182,8 @@ def fc_splitk(x, w, b, out, splits=0):
 # replays the graph, waits for the lane (`lane.synchronize()`) and returns `probs`. Each call of
 # `graph_call` captures a graph of its own: the check calls it again for other images and another variant. Roughly
 # {{lines:graph}}.
+#
+# ![Task 2: what the code queues, on which stream, drawn from the kit's solution](figures/10_task2.png)
 
 # %% tags=["kernel"]
 def graph_call(variant, wl, lane):
@@ -195,6 +204,11 @@ def graph_call(variant, wl, lane):
     return call
 
 
+# %%
+# What your graph call queues (the capture, then a replay): yours beside the spec's
+lk.show.task("10", "graph")
+
+
 # %% [markdown]
 # ## Task 3 — host bytes to host classes, over streams
 #
@@ -211,6 +225,8 @@ def graph_call(variant, wl, lane):
 # `chunk` images (the last one may be smaller), chunk `i` on lane `i % streams` of `job.lanes(streams)`, each chunk's
 # three steps on its lane; then synchronize every lane before returning, so that `classes` (pinned, `int32`) holds
 # every image's class. Roughly {{lines:streamed}}.
+#
+# ![Task 3: what the code queues, on which stream, drawn from the kit's solution](figures/10_task3.png)
 
 # %% tags=["kernel"]
 def classify_streamed(job, raw, classes, chunk, streams):
@@ -225,6 +241,10 @@ def classify_streamed(job, raw, classes, chunk, streams):
         lane.synchronize()
     ### END SOLUTION
 
+
+# %%
+# What your pipeline queues on which stream: yours beside the spec's
+lk.show.task("10", "streamed")
 
 # %% [markdown]
 # ## Given: the kit's register tiles

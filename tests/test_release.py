@@ -46,8 +46,10 @@ def test_release_holds_the_milestones_notebooks_and_no_solutions(built):
     assert set(info["files"]) == {"01", "02", "03", "04"}  # 00 has no kernels
     assert "tests/test_student_kit.py" in files and "pyproject.toml" in files and "README.md" in files
     figures = sorted(f for f in files if f.startswith("notebooks/figures/"))  # the task specs' access pictures
-    assert figures and all(f.endswith(".png") and f.split("/")[-1][:2] <= MILESTONE for f in figures)
+    assert figures and all(f.endswith((".png", ".json")) and f.split("/")[-1][:2] <= MILESTONE for f in figures)
     assert any(f.startswith(f"notebooks/figures/{MILESTONE}_task") for f in figures)
+    # each picture with the spec's recording that lk.show.task draws under a student's own
+    assert {f[:-4] for f in figures if f.endswith(".png")} == {f[:-5] for f in figures if f.endswith(".json")}
     pyproject = (out / "pyproject.toml").read_text()
     assert 'testpaths = ["tests"]' in pyproject and "nbval" not in pyproject.split("[tool.pytest.ini_options]")[1]
     log = subprocess.run(["git", "log", "--format=%s"], cwd=out, capture_output=True, text=True).stdout

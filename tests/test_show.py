@@ -4,6 +4,7 @@ the tool's --insert. Recordings run on the simulator on small launches (a second
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -105,9 +106,9 @@ def test_each_figure_matches_its_solutions_access_pattern(name):
 @simulated
 def test_a_changed_access_pattern_is_caught():
     wrong = TOOL.wrong_namespace("05")
-    scene = replace(SCENES["05_task1"], fn=lambda _: wrong["conv_tiled"](4))
+    scene = replace(SCENES["05_task2"], fn=lambda _: wrong["conv_tiled"](4))
     assert "access pattern changed" in TOOL.stale_reason(scene)
-    stored = json.loads((REPO / "notebooks" / "figures" / "05_task1.json").read_text())
+    stored = json.loads((REPO / "notebooks" / "figures" / "05_task2.json").read_text())
     now = json.loads(json.dumps(TOOL.digest(scene, TOOL.record(scene))))
     assert now["launches"][0]["sha256"] != stored["launches"][0]["sha256"]
 
@@ -218,7 +219,7 @@ def test_insert_puts_each_reference_in_its_task_spec_once(tmp_path):
     for scene in TOOL.SCENES:
         nb = nbformat.read(folder / lk.STAGES[scene.stage].notebook, as_version=4)
         holding = [c for c in nb.cells if f"(figures/{scene.name}.png)" in c.source]
-        assert len(holding) == 1 and f"## Task {scene.task}" in holding[0].source, scene.name
+        assert len(holding) == 1 and re.search(rf"## Task ({scene.task}\b|—)", holding[0].source), scene.name
         assert holding[0].source.count(f"(figures/{scene.name}.png)") == 1
         assert not nbcells.out_of_step(folder / lk.STAGES[scene.stage].notebook)  # its source written again too
 
@@ -241,3 +242,200 @@ def test_on_a_gpu_machine_lk_show_records_in_a_child_process(monkeypatch):
     cells = [a for a in fig.axes if a.tables][0].tables[0].get_celld()
     assert {cells[(r, 0)].get_text().get_text(): cells[(r, 1)].get_text().get_text() for r in (1, 2)} == {
         "global load": "101", "global store": "1"}, "one window of 2 channels of 5x5, weights and bias: 101 loads"
+
+
+# ------------------------------------------------------------------------------- lk.show.task: each kind of task
+
+
+def slipped(stage: str, right: str, wrong: str) -> dict:
+    """The kernel cells of stage ``stage``'s solution (its source) with one slip, as a student's notebook binds them."""
+    import linecache
+
+    nb = nbcells.read(lk.stages.solution(stage))
+    ns = {"__name__": f"slipped_{stage}"}
+    found = False
+    for index, src in nbcells.tagged_cells(nb):
+        found = found or right in src
+        src = src.replace(right, wrong)
+        filename = f"<slipped {stage} cell {index}>"
+        linecache.cache[filename] = (len(src), None, [ln + "\n" for ln in src.splitlines()], filename)
+        exec(compile(src, filename, "exec"), ns)  # noqa: S102 - the kit's own cells
+    assert found, f"stage {stage}'s solution no longer has {right!r}: update the slip"
+    return ns
+
+
+def _words(fig) -> str:
+    return " ".join(t.get_text() for t in fig.texts) + " " + " ".join(
+        a.get_title(loc=loc) for a in fig.axes for loc in ("left", "center"))
+
+
+def _table(fig) -> dict:
+    cells = [a for a in fig.axes if a.tables][0].tables[0].get_celld()
+    rows = max(r for r, _ in cells)
+    return {cells[(r, 0)].get_text().get_text(): [cells[(r, c)].get_text().get_text() for c in range(1, 3)]
+            for r in range(1, rows + 1)}
+
+
+# (stage, task, the solution's line, the slip, what the figure then says): one per kind of picture
+SLIPS = {
+    "conv": ("04", "padded", "acc += xp[n, c, i * stride + p, j * stride + q] * w[m, c, p, q]",
+             "acc += xp[n, 0, i * stride + p, j * stride + q] * w[m, c, p, q]",
+             "the spec's reads xp[0, 1, 3, 3]"),
+    "pad": ("04", "pad", "            xp[n, c, r, col] = 0.0", "            pass", "first wrong element"),
+    "normalize": ("04", "classify", "out[t] = raw[t] / 255.0 - 0.5", "out[t] = raw[t // 2] / 255.0 - 0.5",
+                  "the spec's reads raw[5]"),
+    "unroll": ("07", "unroll", "c, p, q = row // (K * K), (row // K) % K, row % K",
+               "c, p, q = row // (K * K), row % K, (row // K) % K", "first wrong element"),
+    "atomics": ("08", "atomic", "acc = b[m] if c == 0 else float32(0.0)", "acc = b[m]", "first wrong element"),
+    "split-K": ("10", "splitk", "k_end = min((z + 1) * kchunk, K)", "k_end = K", "which the spec's does not"),
+    "CUDA C": ("06", "const_c", "* Wp + j * stride + q]", "* Wp + j * stride]", "the spec's reads xp[0, 0, 3, 4]"),
+}
+
+
+@simulated
+@pytest.mark.parametrize("kind", list(SLIPS))
+def test_a_slip_in_a_task_draws_differently_from_the_spec(kind, capsys):
+    """lk.show.task on the solution with one slip: the figure says where yours and the spec's part (and the right
+    solution draws none of that)."""
+    from labkit import scenes, tasks
+
+    stage, task, right, wrong, says = SLIPS[kind]
+    ns = slipped(stage, right, wrong)
+    show_module = importlib.import_module("labkit.show")  # lk.show is its function
+    fig = show_module._task_figure(scenes.of_task(stage, task)[0], tasks.find(stage, task), ns)  # its first picture
+    words = _words(fig)
+    assert says in words, words
+    assert "yours" in words and "the spec" in words
+
+
+@simulated
+def test_the_right_code_draws_as_the_spec():
+    fig = lk.show.task("04", "padded", namespace=dict(vars(lk.from_stage("04"))))
+    words = _words(fig)
+    assert "Your thread reads the same elements as the spec's" in words
+    assert "every element right" in words
+    assert _table(fig)["global load"] == ["101", "101"]
+
+
+@simulated
+def test_the_pad_slip_leaves_the_border_thread_without_a_store():
+    fig = lk.show.task("04", "pad", namespace=slipped("04", "            xp[n, c, r, col] = 0.0", "            pass"))
+    assert _table(fig)["global store"] == ["0", "1"], "thread 40 sits in the border: yours writes nothing there"
+
+
+@simulated
+def test_cpu_threads_show_which_thread_writes_what():
+    from labkit import cpu_threads, scenes
+
+    scene = scenes.BY_NAME["02_task1"]
+    right = dict(scenes.record(scene, lk.from_stage("02")))
+    out = right["conv_prange_n"].arrays["out"]["shape"]
+    per_image = np.prod(out[1:])
+    for name, owner in (("conv_prange_n", lambda f: f // per_image), ("conv_prange_m", lambda f: (f // np.prod(
+            out[2:])) % out[1])):
+        rows = right[name].rows
+        assert (rows[:, 9] == 1).all() and sorted(rows[:, 1].tolist()) == list(range(int(np.prod(out))))
+        assert (rows[:, 2] == owner(rows[:, 1])).all(), name
+    wrong = dict(scenes.record(scene, slipped("02", "    for n in prange(N):", "    for n in range(N):")))
+    assert set(wrong["conv_prange_n"].rows[:, 2].tolist()) == {0}, "a serial loop: every output on thread 0"
+    fig = lk.show.task("02", "prange", namespace=slipped("02", "    for n in prange(N):", "    for n in range(N):"))
+    assert "yours: conv_prange_n" in _words(fig) and "the spec: conv_prange_n" in _words(fig)
+    # the reduction: the 50 products of one output, in four runs of 13, 13, 13 and 11
+    red = dict(scenes.record(scenes.BY_NAME["02_task2"], lk.from_stage("02")))["conv_prange_reduction"]
+    reads = cpu_threads.element_reads(red, "out", int(np.ravel_multi_index((0, 0, 3, 3), red.arrays["out"]["shape"])))
+    x = reads[reads[:, 0] == red.names.index("w")]
+    assert np.bincount(x[:, 2]).tolist() == [13, 13, 13, 11]
+
+
+@simulated
+def test_timelines_show_what_the_code_queues():
+    from labkit import scenes
+
+    managed = scenes.record(scenes.BY_NAME["03_task1"], lk.from_stage("03"))[0][1]
+    kinds = [e.kind for e in managed.events]
+    assert kinds == ["host write"] * 3 + ["kernel", "sync", "host read"], kinds  # the simulator's own copies: none
+    no_sync = slipped("03", "        cuda.synchronize()\n", "")
+    fig = lk.show.task("03", "with_managed", namespace=no_sync)
+    assert "yours: 1 launch, 3 host writes, 1 host reads of managed memory, 0 synchronizations" in _words(fig)
+    one_lane = slipped("10", "lane, last = lanes[i % streams]", "lane, last = lanes[0]")
+    fig = lk.show.task("10", "streamed", namespace=one_lane)
+    words = _words(fig)
+    assert "on 1 stream" in words and "on 2 streams" in words, words
+    graph = scenes.record(scenes.BY_NAME["10_task2"], lk.from_stage("10"))[0][1]
+    phases = [e.phase for e in graph.events]
+    assert "capture" in phases and "replay" in phases and graph.events[-1].kind == "sync"
+
+
+@simulated
+def test_cuda_c_is_recorded_on_the_cpu_emulation_as_numba_is_on_the_simulator():
+    """06 task 2's CUDA C and task 1's numba kernel: the same thread reads the same window and weights."""
+    from labkit.cudacpu import record as c_record
+
+    if c_record.available():
+        pytest.skip(c_record.available())
+    s06 = lk.from_stage("06")
+    case = access.small_case(seed=2)
+    c = access.record_here(s06.conv_const_c, case)
+    numba = access.record_here(s06.conv_const_uniform, case)
+    picked = []
+    for rec, kernel in ((c, "conv_const_c"), (numba, "conv_const_kernel")):
+        launch = rec.launch(kernel)
+        mask, _, _ = draw.select(launch, *access.selection(rec, launch, (0, 1, 3, 2)))
+        rows = launch.rows[mask]
+        picked.append({(launch.arrays[launch.names[a]]["kind"], launch.arrays[launch.names[a]]["role"], f, st)
+                       for a, f, st in rows[:, [0, 1, 9]].tolist()})  # c_w is numba's wc: by kind and role
+        assert access.first_wrong(rec) is None
+    assert picked[0] == picked[1] and len(picked[0]) == 1 + 50 + 50 + 1
+
+
+def test_every_gpu_task_ends_with_its_picture_before_the_check():
+    """Every task of stages 02-10 with GPU work of its own (and 02's prange tasks) has a scene, and its notebook a
+    ``lk.show.task`` cell after the task's code and before the self-check, in the solution and the student copy."""
+    import nbformat
+
+    from labkit import scenes, tasks
+
+    for stage in [f"{n:02d}" for n in range(2, 11)]:
+        for path in (REPO / "solutions" / lk.STAGES[stage].notebook, REPO / "notebooks" / lk.STAGES[stage].notebook):
+            nb = nbformat.read(path, as_version=4)
+            cells = [c.source if c.cell_type == "code" else "" for c in nb.cells]
+            check = next(i for i, src in enumerate(cells) if src.startswith("# NBVAL_CHECK_OUTPUT")
+                         and "check(" in src)
+            for task in tasks.of_stage(stage):
+                if task.check == "notebook" and task.name != "classify":
+                    continue  # a prediction: nothing runs on the GPU
+                assert scenes.of_task(stage, task.name), (stage, task.name)
+                call = f'lk.show.task("{stage}", "{task.name}")'
+                at = [i for i, src in enumerate(cells) if call in src]
+                defined = next(i for i, src in enumerate(cells) if re.search(rf"\b{task.function}\(", src))
+                assert len(at) == 1 and defined < at[0] < check, (path.name, task.name)
+
+
+def test_a_stub_gives_one_line(capsys):
+    """The student copies: every task cell prints one line, and nothing is drawn."""
+    from labkit import scenes
+
+    shown = 0
+    for stage in ("03", "04", "09", "10"):
+        ns = nbcells.load(REPO / "notebooks" / lk.STAGES[stage].notebook)
+        for scene in {s.task_name: s for s in scenes.SCENES if s.stage == stage}.values():
+            assert lk.show.task(stage, scene.task_name, namespace=ns) is None
+            lines = capsys.readouterr().out.strip().splitlines()
+            assert len(lines) == len(scenes.of_task(stage, scene.task_name)) and all(
+                "is still the TODO stub" in ln for ln in lines), lines
+            shown += 1
+    assert shown >= 8
+
+
+def test_on_a_gpu_machine_a_task_is_recorded_in_a_child_process(monkeypatch, capsys):
+    """lk.show.task where numba has a GPU: the access scenes record in a child under the simulator, on the notebook
+    as last saved in Jupyter's folder (here the student copy: its stub is one line), else on the kit's solution."""
+    if lk.simulator.active():
+        monkeypatch.setattr(lk.simulator, "active", lambda: False)  # what a GPU machine's lk.show sees
+    fig = lk.show.task("04", "padded", namespace=dict(vars(lk.from_stage("04"))))
+    words = _words(fig)
+    assert "Your thread reads the same elements as the spec's" in words and "every element right" in words
+    monkeypatch.chdir(REPO / "notebooks")
+    assert lk.show.task("04", "pad", namespace={}) is None
+    line = capsys.readouterr().out.strip()
+    assert line.count("\n") == 0 and "pad_kernel is still the TODO stub" in line, line
