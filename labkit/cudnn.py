@@ -188,12 +188,12 @@ def peer_call(wl: Workload, repeat: int = 10, warmup: int = 3,
             for _ in range(3):
                 forward()
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        recorded = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(recorded):
             probs = forward()
 
         def call():
-            graph.replay()
+            recorded.replay()
             got["probs"] = probs.cpu().numpy()  # waits for the replay, as the kit's download does
 
         seconds: list[float] = []
@@ -205,7 +205,7 @@ def peer_call(wl: Workload, repeat: int = 10, warmup: int = 3,
                 call()
             if i >= warmup:
                 seconds.append(clock.seconds()["whole"])
-    del graph, probs, x, weights
+    del recorded, probs, x, weights
     torch.cuda.empty_cache()
     return seconds, reference.predict(got["probs"])
 

@@ -131,9 +131,9 @@ class Job:
         if not 0 < n <= bytes_dev.shape[0]:
             raise ValueError(f"Job.classes: n = {n}, but the bytes hold {bytes_dev.shape[0]} images")
         tag = self._tag(lane)
-        graph = self._graph(lane, bytes_dev, n, tag)
-        if graph is not None:
-            classes = graph.replay()
+        captured = self._graph(lane, bytes_dev, n, tag)
+        if captured is not None:
+            classes = captured.replay()
         else:
             with _on(lane):
                 classes = self._queue_classes(bytes_dev, n, tag)
