@@ -14,14 +14,14 @@
 #            lk.whole.Job with its graphs and without (launches), host-to-device rates, per-chunk timelines, a
 #            profile of the host's Python at chunks of 2500 over 4 streams;
 #   tests    the GPU halves of the new tests (LABKIT_TEST_GPU=1).
-# Everything lands in $OUT/perf35.tgz (WORK, default $OUT/perf35), with steps.txt, the floor table, the bench table
-# and the grid's text beside it for a first look.
+# Everything lands in $OUT/perf35.tgz (the folder WORK, default /tmp/perf35, unpacking as perf35/), with steps.txt,
+# the floor table, the bench table and the grid's text beside it for a first look.
 set -u
 OUT="${OUT:?set OUT to a folder}"
-WORK="${WORK:-$OUT/perf35}"
+WORK="${WORK:-${TMPDIR:-/tmp}/perf35}"  # outside OUT: only the archive and four text files come back (at most 8)
 BUDGET="${BUDGET:-450}"
 PY="${PYTHON:-python3}"
-mkdir -p "$WORK"
+rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 step() {
   local name="$1" limit="$2"; shift 2
