@@ -444,8 +444,8 @@ def missing(folder: Path, milestone: str) -> list[tuple[str, str]]:
 
 
 def _copied(rel: str, hits: list[str], table: dict[str, str]) -> list[str]:
-    """The hits that count. In the kit's own Python (``labkit/`` and its ``tests/``, released whole to every
-    milestone) one line of a stage's solution alone is a common line of index arithmetic or a type test
+    """The hits that count. In the kit's own Python (``labkit/`` and its ``tests/``, released to every milestone
+    less ``LEAVE_OUT``) one line of a stage's solution alone is a common line of index arithmetic or a type test
     (``i = (t // Wo) % Ho``), not its answer: there a stage's lines count from the second one in the same file on.
     Anywhere else (notebooks, docs, results) every line counts. Lines of ``KIT_OWN_STAGES`` never count in the
     kit's Python."""
