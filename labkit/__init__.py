@@ -30,7 +30,7 @@ from .workloads import Workload, workload  # noqa: E402
 __version__ = "0.2.0"
 
 #: modules imported on first use (``lk.gemm``): a release of an early milestone leaves them out (they answer a task
-#: of it, labkit.release.LEAVE_OUT), and ``import labkit`` must work there
+#: of it, labkit.leave_out.LEAVE_OUT), and ``import labkit`` must work there
 LATE = ("gemm", "gemm_cuda", "tensor_cores", "whole")
 
 

@@ -36,7 +36,8 @@ class Shape:
 
 
 SHAPES = (
-    Shape("split-K", "10", "splitk", "partial sums over slices of K picked by blockIdx.z, stored per slice or atomically"),
+    Shape("split-K", "10", "splitk",
+          "partial sums over slices of K picked by blockIdx.z, stored per slice or atomically"),
     Shape("graph", "10", "graph", "a call captured into a CUDA graph and replayed"),
     Shape("streamed", "10", "streamed", "chunks handed to lanes in turn (i % n), then the lanes synchronized"),
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import answer_shapes, measured, nbcells, release, stages, tasks
+from labkit import answer_shapes, leave_out, measured, nbcells, release, stages, tasks
 
 REPO = Path(__file__).resolve().parent.parent
 KIT = REPO / "labkit"
@@ -46,9 +46,9 @@ def test_each_name_left_out_is_one_module_package_or_file_of_the_kit():
     """Keyed by name, so that a module moved into a subpackage stays left out; a name that no longer names anything
     (renamed, removed) would leave its code in every release, so it fails here."""
     files = _kit_files()
-    for item in release.LEAVE_OUT:
+    for item in leave_out.LEAVE_OUT:
         held = {f.parts[: f.parts.index(item.name) + 1] if item.name in f.parts[:-1] else f.parts
-                for f in files if release.kit_name(f) == item.name}
+                for f in files if leave_out.kit_name(f) == item.name}
         assert len(held) == 1, f"LEAVE_OUT names {item.name!r}: {len(held)} modules, packages or files of labkit/ " \
                                f"({sorted(held)})"
         assert item.concern in ("answers", "machinery") and item.why
@@ -60,11 +60,11 @@ def test_a_module_moved_into_a_subpackage_is_still_left_out():
                                  ("measure/bench.py", "10", "bench"), ("grading/run.py", "10", "grading"),
                                  ("course/release.py", "00", "release"), ("rubric.toml", "05", "rubric.toml"),
                                  ("launch/tensor_cores.py", "09", "tensor_cores")):
-        assert release._kit_left_out(rel, milestone).name == name, rel
-    assert release._kit_left_out("launch/tensor_cores.py", "10") is None  # stage 09's deadline has passed
-    assert release._kit_left_out("whole.py", "05") is None and release._kit_left_out("whole.py", "04").name == "whole"
+        assert leave_out.kit_left_out(rel, milestone).name == name, rel
+    assert leave_out.kit_left_out("launch/tensor_cores.py", "10") is None  # stage 09's deadline has passed
+    assert leave_out.kit_left_out("whole.py", "05") is None and leave_out.kit_left_out("whole.py", "04").name == "whole"
     for rel in ("given.py", "kernels.py", "graphs.py", "course/notebook.py", "weights/cifar10.npz"):
-        assert release._kit_left_out(rel, "00") is None, rel
+        assert leave_out.kit_left_out(rel, "00") is None, rel
 
 
 # ---------------------------------------------------------------------------------------------- the shapes
@@ -98,7 +98,7 @@ def test_the_shapes_flag_none_of_the_code_students_are_meant_to_have():
     """Every module of the kit that some release ships (labkit/given.py, the kernels, the launch layer, the
     checks ...), and every stage's given code (the solutions' kernel cells of stages 01 to 09, which milestone 10
     ships as labkit/given/)."""
-    shipped = [f for f in _kit_files() if f.suffix == ".py" and release._kit_left_out(f, "10") is None]
+    shipped = [f for f in _kit_files() if f.suffix == ".py" and leave_out.kit_left_out(f, "10") is None]
     assert len(shipped) > 30 and Path("given.py") in shipped and Path("graphs.py") in shipped
     flagged = {str(f): _shapes(KIT / f) for f in shipped}
     assert not {f: s for f, s in flagged.items() if s}
@@ -185,7 +185,7 @@ def test_every_milestone_builds_with_nothing_found(releases):
         assert {s.stage for s in answer_shapes.of_stages(milestone)} == ({"10"} if milestone <= "10" else set())
         shipped = {Path(f).relative_to("labkit") for f in release.file_list(out) if f.startswith("labkit/")
                    and not f.startswith("labkit/given/")}
-        want = {f for f in _kit_files() if release._kit_left_out(f, milestone) is None}
+        want = {f for f in _kit_files() if leave_out.kit_left_out(f, milestone) is None}
         assert shipped == want, (milestone, sorted(shipped ^ want))
 
 
@@ -283,7 +283,7 @@ def test_each_release_imports_and_its_untouched_notebooks_plot_the_committed_res
         row, milestone = report[folder], Path(folder).name
         assert Path(row["file"]).resolve().is_relative_to(Path(folder).resolve())
         for name, got in row["late"].items():
-            if release._kit_left_out(f"{name}.py", milestone):
+            if leave_out.kit_left_out(f"{name}.py", milestone):
                 assert got.startswith(f"labkit.{name} is not in this release of the kit"), (milestone, got)
             else:
                 assert Path(got).resolve().is_relative_to(Path(folder).resolve()), (milestone, name, got)
