@@ -256,7 +256,11 @@ _FRESH = textwrap.dedent("""
                 row["late"][name] = str(exc)
         for stage in stages_:
             row["ladders"][stage] = type(lk.notebook.ladder(stage, runs={})).__name__
+        from click.testing import CliRunner
         from labkit import cli  # labkit lab, labkit data: the commands a student runs
+
+        got = CliRunner().invoke(cli.main, ["release", folder + "/elsewhere", "--upto", "05"])
+        row["cli"] = [got.exit_code, got.output.strip()]
         report[folder] = row
         sys.path.remove(folder)
     print(json.dumps(report))
@@ -265,8 +269,8 @@ _FRESH = textwrap.dedent("""
 
 def test_each_release_imports_and_its_untouched_notebooks_plot_the_committed_results(releases):
     """In one fresh process, each release first on the path and nothing else of the kit to be found: ``import
-    labkit`` works, a left-out module is one line, and every ladder its notebooks draw has the committed GPU
-    results to draw (an untouched notebook has no runs of its own)."""
+    labkit`` works, a left-out module is one line (``lk.gemm``, ``labkit release``), and every ladder its notebooks
+    draw has the committed GPU results to draw (an untouched notebook has no runs of its own)."""
     ladders = {m: [n for n in stages.STAGES if n <= m and "lk.notebook.ladder(" in
                    (REPO / "notebooks" / stages.STAGES[n].notebook).read_text()] for m in stages.STAGES}
     assert ladders["10"] == ["02", "04", "05", "06", "07", "08", "09"]
@@ -288,6 +292,8 @@ def test_each_release_imports_and_its_untouched_notebooks_plot_the_committed_res
             else:
                 assert Path(got).resolve().is_relative_to(Path(folder).resolve()), (milestone, name, got)
         assert set(row["ladders"].values()) <= {"Figure"}, (milestone, row["ladders"])
+        assert row["cli"] == [1, "Error: labkit.release is not in this copy of the kit: a student release leaves out "
+                                 "the maintainers' tools (docs/releases.md)"], row["cli"]
 
 
 # --------------------------------------------------------------------------------- notebook 10 and the kit
