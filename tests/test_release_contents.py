@@ -13,8 +13,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from click.testing import CliRunner
 
 from labkit import answer_shapes, leave_out, measured, nbcells, release, stages, tasks
+from labkit.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 KIT = REPO / "labkit"
@@ -233,6 +235,24 @@ def test_a_release_refuses_answer_code_left_out_code_and_uses_of_it(releases, tm
     report = found.report()
     assert "found: 1 answer shape(s)" in report and "labkit/fast_fc.py: stage 10: split-K in function" in report
     assert release.verify(out, "05", found=result.secrets).clean  # the plants gone, nothing found again
+
+
+def test_verify_searches_a_release_again(releases):
+    """``labkit release --verify`` of a release (a clone, an unzipped copy): found nothing; with the kit's gemm.py
+    copied back in, exit 1 naming it twice, as an answer's shape and as a file a release leaves out."""
+    out, _ = releases["10"]
+    got = CliRunner().invoke(main, ["release", "--verify", str(out)])
+    assert got.exit_code == 0 and got.output.strip().endswith("found: nothing"), got.output
+    assert "stage 10: " in got.output and "split-K (stage 10: " in got.output and "answers gemm, gemm_cuda;" in got.output
+    back = out / "labkit" / "gemm.py"
+    back.write_text(_kit_module("gemm").read_text())
+    try:
+        got = CliRunner().invoke(main, ["release", "--verify", str(out)])
+    finally:
+        back.unlink()
+    assert got.exit_code == 1, got.output
+    assert "labkit/gemm.py: stage 10: split-K in function fc_register_tiles" in got.output
+    assert "labkit/gemm.py: answers: fc as register tiles split over K" in got.output
 
 
 _FRESH = textwrap.dedent("""
