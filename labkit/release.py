@@ -263,7 +263,8 @@ def _released_files(folder: Path) -> list[Path]:
 
 def verify(folder: Path, milestone: str | None = None, repo: Path = REPO, found: Secrets | None = None) -> Verification:
     """Search every file under ``folder`` for every solution line of stages ``milestone``..last (the milestone of
-    the release's manifest when not given)."""
+    the release's manifest when not given), its Python for the shapes of those stages' answers, and the kit in it
+    for code that a release of ``milestone`` leaves out and for uses of that code."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ReleaseError(f"no folder {folder} to search")
