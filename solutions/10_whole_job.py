@@ -476,7 +476,9 @@ for ax, ticks in ((left, counts), (right, chunks)):
         ax.legend(fontsize=8)
 if lk.simulator.active():
     fig.suptitle("simulated: these times measure the CUDA simulator, not a GPU", fontsize=9)
-fig
+yours = call_times or streamed or any((N, s) in fc_times for N, *_ in sizes for s in counts)
+fig if yours else print("Nothing of yours measured yet, so no plot: make the self-checks pass first (the kit's own "
+                        "GPU results are under \"What the kit measured\" below).")
 
 # %% [markdown]
 # ## Reflect
