@@ -327,6 +327,7 @@ def test_notebook_10_compares_with_the_kits_fc_from_the_committed_results():
     student = nbformat.read(REPO / "notebooks" / name, as_version=4)
     code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
     assert "lk.measured.fc_times()" in code and "lk.gemm" not in code and "whole_fashion_tiles" not in code
+    assert "\nfig if yours else print(" in code  # an untouched notebook (nothing of the student's timed): no plot
     solution = nbformat.read(REPO / "solutions" / name, as_version=4)
     kit_only = [c for c in solution.cells if nbcells.KIT_ONLY_TAG in c.metadata.get("tags", [])]
     assert len(kit_only) == 1 and "whole_fashion_tiles" in kit_only[0].source and "lk.gemm." in kit_only[0].source
