@@ -12,7 +12,24 @@ from . import data as data_mod
 from .nets import NETS, get_net
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """In a student release, a command whose module the release leaves out (``labkit bench``, ``labkit grade``:
+    docs/releases.md) says so in one line, not with a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ImportError as exc:  # ModuleNotFoundError ("labkit.bench"), or "cannot import name 'bench'"
+            name = exc.name or ""
+            if not isinstance(exc, ModuleNotFoundError) and "cannot import name '" in str(exc):
+                name += "." + str(exc).split("cannot import name '")[1].split("'")[0]
+            if not name.startswith("labkit."):
+                raise
+            raise click.ClickException(f"{name} is not in this copy of the kit: a student release leaves out the "
+                                       f"maintainers' tools (docs/releases.md)") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="labkit")  # the one version (pyproject.toml reads it)
 def main():
     """CNN-on-GPU course lab kit."""
