@@ -110,7 +110,7 @@ INSTRUMENT = ("-fsanitize=thread", "-Dcudacpu_syncthreads=cudacpu_rec_syncthread
 #: the kernel unit's flags: ``compiler.FLAGS`` with UBSan alone off (zig keeps every sanitizer off after "all")
 KERNEL_FLAGS = tuple("-fno-sanitize=undefined" if f == "-fno-sanitize=all" else f for f in compiler.FLAGS)
 ROW = 10  # int32 per access in the recorder's buffer
-MOST = 4_000_000  # accesses kept per launch: a small launch makes tens of thousands
+MOST = 2_000_000  # accesses kept per launch (a small launch makes tens of thousands); pages only touched as filled
 
 
 def available() -> str:
@@ -279,7 +279,7 @@ def _launch(kernel, grid, block, args: tuple) -> None:
         ranges.append((bounds[0], bounds[0] + 4 * int(np.prod(shape))))
         named.append((label, "shared", shape))
     flat = (ctypes.c_uint64 * (2 * len(ranges)))(*[v for r in ranges for v in r])
-    buffer = np.zeros(MOST * ROW, np.int32)
+    buffer = np.empty(MOST * ROW, np.int32)
     rec.lib.cudacpu_record_start(flat, len(ranges), buffer.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(MOST))
     mine = rec.get_function(kernel.name)
     keep = pack(kernel.name, mine.signature, args)
