@@ -73,11 +73,13 @@ def test_a_module_moved_into_a_subpackage_is_still_left_out():
 
 
 def test_the_shapes_flag_the_kits_answer_code():
-    """labkit/gemm.py (split-K in numba), labkit/gemm_cuda.py (split-K in CUDA C) and labkit/bench_whole.py (the
-    forward pass captured in a CUDA graph and replayed) share no line with the solutions, and are found anyway."""
+    """labkit/gemm.py (split-K in numba), labkit/gemm_cuda.py (split-K in CUDA C), labkit/bench_whole.py and
+    labkit/job_graphs.py (the forward pass captured in a CUDA graph and replayed) share no line with the solutions,
+    and are found anyway."""
     assert _shapes(_kit_module("gemm")) == ["split-K"]
     assert _shapes(_kit_module("gemm_cuda")) == ["split-K"]
     assert _shapes(_kit_module("bench_whole")) == ["graph"]
+    assert _shapes(_kit_module("job_graphs")) == ["graph"]  # lk.whole.Job's graphs, apart from labkit/whole.py
 
 
 def test_the_shapes_flag_the_solutions_answers_and_not_the_student_copies():
@@ -150,6 +152,19 @@ def replayed(stream, fn):
 """
 
 
+#: a class that captures in one method and replays in another (lk.whole.Job's graphs did, before labkit/job_graphs.py)
+CLASS_GRAPH = """
+class Job:
+    def _graph(self, lane):
+        if lane not in self.held:
+            self.held[lane] = lk.graphs.capture(lambda: self.forward(lane), lane)
+        return self.held[lane]
+
+    def classes(self, lane):
+        return self._graph(lane).replay()
+"""
+
+
 def test_the_shapes_are_structure_not_names():
     """Other names and an atomic reduction are still split-K; blockIdx.z as the image is not; a capture that is
     never replayed is not the graph task; cupy's own capture and launch are."""
@@ -157,6 +172,9 @@ def test_the_shapes_are_structure_not_names():
     assert not answer_shapes.find(Z_IS_THE_IMAGE)
     assert not answer_shapes.find(CAPTURED_ONLY)
     assert [f.shape.name for f in answer_shapes.find(CUPY_GRAPH)] == ["graph"]
+    assert [str(f) for f in answer_shapes.find(CLASS_GRAPH)] == ["graph in class Job (line 2)"]
+    assert [str(f) for f in answer_shapes.find("g = lk.graphs.capture(f, lane)\ng.replay()\n")] == [
+        "graph in the top-level code"]  # a notebook cell's own code
     assert not answer_shapes.find("def broken(:\n")  # a cell that does not parse holds nothing
 
 
@@ -243,7 +261,8 @@ def test_verify_searches_a_release_again(releases):
     out, _ = releases["10"]
     got = CliRunner().invoke(main, ["release", "--verify", str(out)])
     assert got.exit_code == 0 and got.output.strip().endswith("found: nothing"), got.output
-    assert "stage 10: " in got.output and "split-K (stage 10: " in got.output and "answers gemm, gemm_cuda;" in got.output
+    assert "stage 10: " in got.output and "split-K (stage 10: " in got.output
+    assert "answers gemm, gemm_cuda, job_graphs;" in got.output
     back = out / "labkit" / "gemm.py"
     back.write_text(_kit_module("gemm").read_text())
     try:
@@ -276,6 +295,8 @@ _FRESH = textwrap.dedent("""
                 row["late"][name] = str(exc)
         for stage in stages_:
             row["ladders"][stage] = type(lk.notebook.ladder(stage, runs={})).__name__
+        if not row["late"]["whole"].startswith("labkit.whole is not"):
+            row["job_graphs"] = lk.whole._job_graphs() is not None  # lk.whole.Job launches every time
         from click.testing import CliRunner
         from labkit import cli  # labkit lab, labkit data: the commands a student runs
 
@@ -312,6 +333,7 @@ def test_each_release_imports_and_its_untouched_notebooks_plot_the_committed_res
             else:
                 assert Path(got).resolve().is_relative_to(Path(folder).resolve()), (milestone, name, got)
         assert set(row["ladders"].values()) <= {"Figure"}, (milestone, row["ladders"])
+        assert row.get("job_graphs") is (False if milestone >= "05" else None), (milestone, row)
         assert row["cli"] == [1, "Error: labkit.release is not in this copy of the kit: a student release leaves out "
                                  "the maintainers' tools (docs/releases.md)"], row["cli"]
 
