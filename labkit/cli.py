@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from . import data as data_mod
-from .nets import NETS, get_net
+from .model import data as data_mod
+from .model.nets import NETS, get_net
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,9 +21,9 @@ def main():
 @main.command()
 def info():
     """What hardware and software this machine has, and what that means for the course."""
-    from .device import describe
+    from .launch.device import describe
 
-    from .weights_io import COURSE_WEIGHTS, NOT_SHIPPED, course_weights
+    from .model.weights_io import COURSE_WEIGHTS, NOT_SHIPPED, course_weights
 
     click.echo(describe())
     click.echo("")
@@ -109,10 +109,13 @@ def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
               help="Append the per-layer times to this results ledger (JSON lines).")
 def run(net_name, images, weights, download, synthetic, ledger):
     """The main job: the reference forward pass with the report in the network's original format."""
-    from . import device, engine, outputs, weights_io
-    from .ledger import Ledger, LedgerError
-    from .report import format_report, format_throughput
-    from .workloads import Workload
+    from .launch import device
+    from .core import engine
+    from . import outputs
+    from .model import weights_io
+    from .measuring.ledger import Ledger, LedgerError
+    from .measuring.report import format_report, format_throughput
+    from .core.workloads import Workload
 
     net = get_net(net_name)
     images = images or net.default_images
@@ -185,8 +188,8 @@ def _csv_list(value: str | None) -> list[str] | None:
 def bench(stages, nets, images, notebooks, out, force, append, repeat, budget, per_image_max, cpu_max, slow_max_gflop,
           skip, no_baselines, random_weights):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
-    from . import bench as bench_mod
-    from .stages import solutions_folder
+    from .ladder import bench as bench_mod
+    from .course.stages import solutions_folder
 
     counts = _image_counts(images)
     folder = notebooks or solutions_folder()
@@ -328,9 +331,9 @@ def _grades_out(out: Path, merge: bool, force: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace the summary and ladder plots already in --out.")
 def ladder(ledgers, out, force):
     """Summarize recorded runs (ledger files of `labkit bench`) as a table and ladder plots."""
-    from . import bench as bench_mod
+    from .ladder import bench as bench_mod
     from . import outputs
-    from .ledger import Ledger, LedgerError
+    from .measuring.ledger import Ledger, LedgerError
 
     try:
         for path in ledgers:
@@ -358,8 +361,8 @@ def ladder(ledgers, out, force):
               help="Where the plots are copied (default: img/bench/ beside the page).")
 def bench_doc(folders, doc, img_dir):
     """Write the benchmarks page from `labkit bench` output folders (each holding bench.json and its plots)."""
-    from . import benchdoc
-    from .ledger import repo_root
+    from .ladder import benchdoc
+    from .measuring.ledger import repo_root
 
     doc = doc or repo_root() / "docs" / "BENCHMARKS.md"
     try:
@@ -386,7 +389,7 @@ def release(out, upto, verify_only, commit, force):
 
     Run it in the instructor's repository (the one holding solutions/); docs/releases.md says how to publish it.
     """
-    from . import release as release_mod
+    from .course import release as release_mod
 
     if not verify_only and not upto:
         raise click.BadParameter("give the milestone's stage number, e.g. --upto 05", param_hint="--upto")
@@ -420,7 +423,7 @@ def _lab_folder() -> Path:
 def _lab_check() -> None:
     """What `labkit lab` says before JupyterLab starts: what the machine is and whether the data is there, each
     with what to do about it (the same facts as the notebooks' first cell, ``lk.hello``)."""
-    from . import device
+    from .launch import device
 
     d = device.info()
     if d.kind == "gpu":

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import engine, freed, gpu, reference, simcheck, simulator
-from .layers import SIGNATURES, groups, impl_for, kernel_layers
-from .nets import Layer, Net, get_net
-from .stages import Variant
-from .weights_io import random_weights
+from . import engine
+from ..launch import freed, gpu, simcheck, simulator
+from ..model import reference
+from ..model.layers import SIGNATURES, groups, impl_for, kernel_layers
+from ..model.nets import Layer, Net, get_net
+from ..course.stages import Variant
+from ..model.weights_io import random_weights
 
 # float32 kernels land far below this against a float64 reference (conv sums of a few hundred terms: ~1e-7 of the
 # sums' magnitude); a wrong index or a missed term lands far above it. For conv and fc the error is measured against
@@ -318,7 +320,7 @@ def kept_from_earlier(layer: Layer | tuple[Layer, ...], earlier: tuple[np.ndarra
 
 # -------------------------------------------------------------------------------------------- running
 
-_LIBRARY_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(np.__file__).rsplit(os.sep, 1)[0])
+_LIBRARY_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(np.__file__).rsplit(os.sep, 1)[0])
 
 
 def _is_student_frame(filename: str) -> bool:
@@ -377,7 +379,7 @@ def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, q
         result.seed, result.shapes = seed, {"input": case.x.shape[1:]}
         result.batches = tuple(batches) if result.passed else ()
     if gpu.emulated_launches() > emulated:
-        from .cudacpu import LABEL, NAN_HINT
+        from ..launch.cudacpu import LABEL, NAN_HINT
 
         result.emulated = LABEL
         if not result.passed and result.nan is not None and result.nan.read:

@@ -41,7 +41,8 @@ def count_layer(fn, net: str, layer: str, arrays: str = "device", batch: int = 1
                 name: str = "") -> Counts:
     """Call ``fn`` once on a shrunk case of ``layer`` (the self-check's inputs, fixed ``seed``) and count its memory
     operations. Needs the simulator."""
-    from . import engine, simcheck, simulator
+    from . import engine
+    from ..launch import simcheck, simulator
     from .check import layer_case
 
     if not simulator.active():
@@ -73,7 +74,7 @@ def table(rows: list[Counts], predicted: dict[str, float] | None = None, title: 
 def _notebook_for(stage: str) -> Path:
     """The stage's notebook as the student last saved it (Jupyter's working folder), else the kit's solution (its
     source, ``stages.solution``)."""
-    from .stages import STAGES, solution
+    from ..course.stages import STAGES, solution
 
     here = Path.cwd() / STAGES[stage].notebook
     return here if here.exists() else solution(stage)
@@ -84,8 +85,8 @@ def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2"
     """Print the counts of ``functions`` (label -> a layer function bound to a name in the stage's kernel cells) on
     a shrunk ``layer``. ``predicted``: label -> global loads per output element the design predicts. ``arrays``:
     label -> "host" or "device" (default "device")."""
-    from . import simulator
-    from .simulator import layer_input_shape
+    from ..launch import simulator
+    from ..launch.simulator import layer_input_shape
 
     arrays = arrays or {}
     if simulator.active():
@@ -95,7 +96,7 @@ def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2"
         caller = sys._getframe(1).f_globals  # the notebook's namespace: where the child finds the same names
         names = {label: _path_of(fn, caller) for label, fn in functions.items()}
         rows = _in_child(stage, names, net, layer, arrays)
-    from .nets import get_net
+    from ..model.nets import get_net
 
     spec = get_net(net)
     shape = "x".join(map(str, layer_input_shape(spec, spec.layer(layer))))
@@ -109,7 +110,7 @@ def _path_of(fn, namespace: dict) -> str:
     """How the child finds ``fn``: the name the notebook bound to it (``conv_tiled_8``), or ``@NN.name`` for given
     code of stage NN (``s04.conv_padded``: the child loads only the kernel cells, which need not bind ``s04``). A
     function's own ``__name__`` can differ from both (a closure a factory made)."""
-    from .stages import given_stage
+    from ..course.stages import given_stage
 
     for name, obj in namespace.items():
         if obj is fn and not name.startswith("_"):
@@ -123,7 +124,7 @@ def _path_of(fn, namespace: dict) -> str:
 
 
 def _resolve(namespace: dict, path: str):
-    from .stages import from_stage
+    from ..course.stages import from_stage
 
     if path.startswith("@"):
         number, attr = path[1:].split(".", 1)
@@ -135,7 +136,7 @@ def _in_child(stage: str, functions: dict[str, str], net: str, layer: str, array
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONDONTWRITEBYTECODE="1")
     job = json.dumps({"notebook": str(_notebook_for(stage)), "stage": stage, "functions": functions, "net": net,
                       "layer": layer, "arrays": arrays})
-    proc = subprocess.run([sys.executable, "-m", "labkit.counts"], input=job, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "labkit.core.counts"], input=job, capture_output=True, text=True,
                           env=env, timeout=900)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -147,7 +148,7 @@ def _in_child(stage: str, functions: dict[str, str], net: str, layer: str, array
 
 def _main() -> int:
     """Child: load the stage notebook's kernel cells under the simulator and count the named functions."""
-    from . import nbcells
+    from ..course import nbcells
 
     job = json.loads(sys.stdin.read())
     namespace = nbcells.load(job["notebook"])

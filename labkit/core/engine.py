@@ -17,12 +17,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import gpu, layers, reference
-from .ledger import Ledger
-from .nets import Layer, Net
-from .report import RunReport, format_report, format_throughput
-from .stages import REFERENCE_LABEL, Variant
-from .timing import Clock
+from ..launch import gpu
+from ..model import layers, reference
+from ..measuring.ledger import Ledger
+from ..model.nets import Layer, Net
+from ..measuring.report import RunReport, format_report, format_throughput
+from ..course.stages import REFERENCE_LABEL, Variant
+from ..measuring.timing import Clock
 from .workloads import Workload
 
 
@@ -182,7 +183,7 @@ def _margins_changed(whole, size: int) -> bool:
 def _unrecorded():
     """Launches and copies that are not the call's own (a diagnosis's re-runs): not counted, and on the simulator
     neither judged for races nor logged (``simcheck.paused``), the call itself having been."""
-    from . import simcheck
+    from ..launch import simcheck
 
     saved = list(gpu._recorders)
     gpu._recorders.clear()
@@ -354,8 +355,8 @@ def run(wl: Workload, variant=None, *, per_image: bool | None = None, arrays: st
     totals = [sum(p.values()) for p in passes]
     predictions = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
-    from .device import label as device_label
-    from .timing import resolve_method
+    from ..launch.device import label as device_label
+    from ..measuring.timing import resolve_method
 
     report = RunReport(net=wl.net.name, images=wl.images, layer_seconds=median_seconds(passes),
                        accuracy=acc, device=device_label(), simulated=wl.simulated, synthetic=wl.synthetic,

@@ -20,7 +20,7 @@ On numba's CUDA simulator (and on a GPU without cupy) there is no graph: ``Graph
 
 from __future__ import annotations
 
-from . import simulator, streams
+from ..launch import simulator, streams
 
 NO_GRAPH_SIMULATOR = "simulator: no CUDA graph, replay calls the function"
 NO_GRAPH_CUPY = "no cupy: no CUDA graph, replay calls the function"
@@ -69,7 +69,7 @@ def capture(fn, lane: streams.Lane) -> Graph:
     import cupy
     from numba import cuda
 
-    from . import gpu
+    from ..launch import gpu
 
     if gpu.poisoning():
         raise CaptureError("capture: not while checking (lk.gpu.poisoned() fills buffers with synchronous copies, "
@@ -135,7 +135,7 @@ def check_replay(make_call, variant, wl, lane: streams.Lane | None = None, other
     every call's predictions equal those of the engine's own call on the same images and variant. A raise is one
     FAIL line worded as every self-check words it (``labkit.check.describe_failure``: a TODO stub is "not
     implemented yet"). Returns the ``CheckResult``; the notebook prints it."""
-    from . import gpu
+    from ..launch import gpu
     from .check import CheckResult, describe_failure
 
     name, fn_name = "graph replay", getattr(make_call, "__name__", "make_call")
@@ -178,7 +178,8 @@ def _replay_wrong(got, variant, wl, later: bool) -> str | None:
     ``later`` call whose answers are another's is most likely a graph kept from an earlier call (``KEPT``)."""
     import numpy as np
 
-    from . import engine, reference
+    from . import engine
+    from ..model import reference
 
     why = unusable(got, (wl.images, *wl.net.shapes()[wl.net.layers[-1].name]), later)
     if why:

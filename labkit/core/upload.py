@@ -9,11 +9,13 @@ from statistics import median
 import numpy as np
 from numba import cuda
 
-from . import data, engine, gpu, reference
-from .nets import get_net
-from .stages import Variant
-from .timing import Clock
-from .weights_io import load_weights
+from ..model import data, reference
+from . import engine
+from ..launch import gpu
+from ..model.nets import get_net
+from ..course.stages import Variant
+from ..measuring.timing import Clock
+from ..model.weights_io import load_weights
 
 
 

@@ -29,10 +29,13 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from . import data, engine, gpu, kernels, simulator, stream_order, streams, upload
+from ..model import data
+from . import engine, upload
+from ..launch import gpu, simulator, stream_order, streams
+from ..ops import kernels
 from .check import CheckResult, describe_failure
-from .nets import Net, get_net
-from .stages import Variant
+from ..model.nets import Net, get_net
+from ..course.stages import Variant
 
 
 def input_table(net: Net) -> np.ndarray:

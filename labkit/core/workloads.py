@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import data, simulator
-from .nets import Net, get_net
-from .weights_io import load_weights, random_weights
+from ..model import data
+from ..launch import simulator
+from ..model.nets import Net, get_net
+from ..model.weights_io import load_weights, random_weights
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import nbcells
 
-FOLDER = Path(__file__).resolve().parent / "given"
+FOLDER = Path(__file__).resolve().parents[1] / "given"  # labkit/given/
 MANIFEST = "manifest.json"
 _CELL = re.compile(r"^# %% cell (\d+)$")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import given, nbcells
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Variant:
     def runs_on(self, net: str) -> bool:
         """Whether this variant runs ``net``: one of its own nets, or a net with one of their layer stacks
         (``Net.kernels_of``: ece408 runs every stage's fashion kernels)."""
-        from .nets import get_net
+        from ..model.nets import get_net
 
         return net in self.nets or get_net(net).kernels_of in self.nets
 
@@ -161,21 +161,21 @@ def unavailable(requires: tuple[str, ...]) -> str:
     GPU, else on the CPU emulation where a C++ compiler is installed; cupy's own routines ("cupy") need a real GPU
     with cupy. Variants and tuning candidates both ask this."""
     if "cuda_c" in requires:
-        from . import gpu
+        from ..launch import gpu
 
         if gpu.cuda_c_on_cpu():
-            from . import cudacpu
+            from ..launch import cudacpu
 
             why = cudacpu.available()
             if why:
                 return why
         else:
-            from .device import info
+            from ..launch.device import info
 
             if not info().cupy:
                 return "CUDA C on a GPU runs through cupy: install the cuda12 or cuda13 extra (labkit info says which)"
     if "cupy" in requires:
-        from .device import info
+        from ..launch.device import info
 
         if info().kind != "gpu" or not info().cupy:
             return "needs a real GPU with cupy (CUDA C through cupy.RawModule)"

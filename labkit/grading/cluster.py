@@ -171,7 +171,7 @@ def _context(spec: dict):
     key = (tuple(spec["stages"]), spec["rubric"], spec["solutions"])
     with _lock:
         if key not in _contexts:
-            from .. import device
+            from ..launch import device
             from .isolation import by_mode  # the run's sandbox, on this worker's machine too
             from .run import Context, simulator_if_no_driver
             from .rubric import load_rubric

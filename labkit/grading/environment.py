@@ -19,7 +19,7 @@ import subprocess
 from collections.abc import Callable
 from importlib import metadata
 
-from .. import device
+from ..launch import device
 
 PACKAGES = ("numpy", "numba", "numba-cuda", "cupy", "labkit")
 _CUPY = ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x")

@@ -42,7 +42,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .. import cudacpu
+from ..launch import cudacpu
 from .cores import set_affinity
 from .rubric import GradeError
 

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import data, graphs, reference, simulator, tasks, whole
-from ..cudacpu import LABEL as CUDA_C_LABEL
-from ..check import CheckResult, answer, compare, kept_from_earlier, layer_case, network_case, weighted
-from ..engine import NanCauses
-from ..nets import get_net
+from ..model import data, reference
+from ..core import graphs, whole
+from ..launch import simulator
+from ..course import tasks
+from ..launch.cudacpu import LABEL as CUDA_C_LABEL
+from ..core.check import CheckResult, answer, compare, kept_from_earlier, layer_case, network_case, weighted
+from ..core.engine import NanCauses
+from ..model.nets import get_net
 from . import environment, hints, isolation, sandbox, scoring
 from . import protocol as P
 from .ahead import Ahead
@@ -154,7 +157,7 @@ def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
 def _tuning_copy(folder: Path) -> str:
     """A copy of the tuning choices this grader reads (``results/tuning.json``), for the child to read the same:
     a tuned variant then runs the kernels the student's notebook picks, not a fallback ("" when there are none)."""
-    from .. import tune
+    from ..ladder import tune
 
     if not tune.STORE.is_file():
         return ""

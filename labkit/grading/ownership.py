@@ -31,7 +31,7 @@ from contextlib import contextmanager
 _setprofile, _getprofile = sys.setprofile, sys.getprofile  # bound before any student code exists
 
 LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the (private) labkit package
-_KERNELS_FILE = os.path.join(LABKIT_DIR, "kernels.py")
+_KERNELS_FILE = os.path.join(LABKIT_DIR, "ops", "kernels.py")
 
 #: numpy (and cupy) routines that compute a product, a convolution or a window view for you
 ROUTINES = ("dot", "matmul", "einsum", "einsum_path", "tensordot", "convolve", "correlate", "inner", "outer", "vdot",
@@ -41,7 +41,7 @@ SUBMODULES = ("numpy.linalg", "numpy.fft", "cupy.linalg", "cupy.fft", "cupy.cuda
               "cupy.cublas", "cupy.cuda.cublas", "cupyx", "scipy", "torch", "tensorflow", "jax")
 STRIDE_TRICKS = ("sliding_window_view", "as_strided")
 #: labkit modules that compute a layer for you, and the engine's entry points that fall back to the reference
-LABKIT_MODULES = ("labkit.reference", "labkit.cudnn")
+LABKIT_MODULES = ("labkit.model.reference", "labkit.ladder.cudnn")
 LABKIT_ENGINE = ("forward", "run", "call_layer", "checked_call", "time_passes")
 #: method names of an array that compute a product (an unresolvable ``x.dot(w)``)
 METHODS = ("dot", "matmul", "tensordot", "einsum", "__matmul__")
@@ -59,8 +59,16 @@ def _in_family(modname: str, families: Iterable[str]) -> bool:
     return any(modname == f or modname.startswith(f + ".") for f in families)
 
 
+#: labkit's modules in LABKIT_MODULES and the engine by the names a student writes (``lk.reference``)
+_OLD_NAMES = {"labkit.model.reference": "labkit.reference", "labkit.ladder.cudnn": "labkit.cudnn",
+              "labkit.core.engine": "labkit.engine"}
+
+
 def _public(modname: str) -> str:
-    """``numpy.linalg._linalg`` -> ``numpy.linalg``: the name a student would write."""
+    """``numpy.linalg._linalg`` -> ``numpy.linalg``, ``labkit.model.reference`` -> ``labkit.reference``: the name a
+    student would write."""
+    if modname in _OLD_NAMES:
+        return _OLD_NAMES[modname]
     parts = modname.split(".")
     while len(parts) > 1 and parts[-1].startswith("_"):
         parts.pop()
@@ -94,8 +102,8 @@ class Library:
                     qual = f"{name}.{attr}"
                 elif name in ("numpy.lib.stride_tricks", "cupy.lib.stride_tricks") and attr in STRIDE_TRICKS:
                     qual = f"{name}.{attr}"
-                elif name == "labkit.engine" and attr in LABKIT_ENGINE:
-                    qual = f"{name}.{attr}"
+                elif name == "labkit.core.engine" and attr in LABKIT_ENGINE:
+                    qual = f"{_public(name)}.{attr}"
                 elif family is not None and (not isinstance(owner, str) or _in_family(owner, (family,))):
                     # a routine of that library (not a name it imported from elsewhere, such as labkit.get_net)
                     qual = f"{_public(owner) if isinstance(owner, str) else name}.{attr}"
@@ -162,7 +170,7 @@ def load_cells(path: str, record: set, trees: dict | None = None, define: tuple[
     import re
     from pathlib import Path
 
-    from .. import nbcells
+    from ..course import nbcells
 
     path = Path(path)
     cells = nbcells.tagged_cells(nbcells._read_quick(path) or nbcells.read(path), define=define)
@@ -230,8 +238,8 @@ def _cell_contents(fn: types.FunctionType) -> list:
 def conv_roots(variant, kinds=("conv",)) -> list[tuple[str, object]]:
     """(label, function) of every conv function of a variant (or of every layer of ``kinds``: the stage's own work,
     ``checks.own_layers``), one per function: ("conv1, conv2 (variant 'x')", fn)."""
-    from ..layers import impl_for, kernel_layers
-    from ..nets import get_net
+    from ..model.layers import impl_for, kernel_layers
+    from ..model.nets import get_net
 
     by_fn: dict[int, tuple[list[str], object]] = {}
     for net_name in variant.nets:
@@ -334,7 +342,7 @@ def _scan_function(fn: types.FunctionType, node: ast.AST, lib: Library, stage: s
             parts = _chain(sub.func)
             obj = _resolve(parts, scope, local_imports) if parts else _MISSING
             if obj is not _MISSING and getattr(obj, "__name__", "") == "from_stage" and \
-                    getattr(obj, "__module__", "") == "labkit.stages" and sub.args and \
+                    getattr(obj, "__module__", "") == "labkit.course.stages" and sub.args and \
                     isinstance(sub.args[0], ast.Constant) and str(sub.args[0].value) >= stage:
                 found.append(f"loads the kit's solution of stage {sub.args[0].value} ({_where(fn, sub)}): only earlier "
                              f"stages' solutions are given code")
@@ -468,9 +476,9 @@ class Tracer:
         points = []
         # where a student's code looks a routine up: public modules (np.dot, np.linalg.solve, lk.reference.conv2d,
         # lk.conv2d, scipy.signal.convolve2d), and the names their cells bound (from numpy import dot)
-        owners: list = [m for n, m in sorted(sys.modules.items())
-                        if isinstance(m, types.ModuleType) and _in_family(n, _FAMILY_ROOTS)
-                        and not any(part.startswith("_") for part in n.split("."))]
+        owners: list = list({id(m): m for n, m in sorted(sys.modules.items())  # once each (labkit's old names)
+                             if isinstance(m, types.ModuleType) and _in_family(n, _FAMILY_ROOTS)
+                             and not any(part.startswith("_") for part in n.split("."))}.values())
         for owner in owners:
             for attr, value in list(vars(owner).items()):
                 name = self.lib.name(value)
@@ -575,7 +583,7 @@ def install_launch_hook(tracer_ref: list, on_launch=None) -> list[tuple[type, st
         installed.append((cls, "call", gpu_call))
     # CUDA C (``lk.gpu.launch_raw``): a cupy RawKernel has no Python function, so the launch counts for the function
     # that asked for it, the host code of the notebook (own, given or the kit's) that holds the kernel's source
-    from labkit import gpu as kit_gpu
+    from labkit.launch import gpu as kit_gpu
 
     orig_raw = kit_gpu.launch_raw
 

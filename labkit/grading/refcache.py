@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import device
+from ..launch import device
 from . import environment
 from .job import ReferenceTiming
 from .plan import References, StagePlan
-from .sandbox import COPIED, PACKAGE
+from .sandbox import COPIED, PACKAGE, package_folders
 
 #: the layout of an entry; an entry of another schema is ignored (and measured again)
 SCHEMA = 1
@@ -67,7 +67,7 @@ def kit_hash() -> str:
     global _kit
     if _kit is None:
         h = hashlib.sha256()
-        for folder in (PACKAGE, *sorted(d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file())):
+        for folder in package_folders():
             for f in sorted(folder.iterdir()):
                 if f.is_file() and f.suffix in COPIED:
                     h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + f.read_bytes() + b"\0")
@@ -137,7 +137,7 @@ def _inputs(plan: StagePlan, refs: References) -> dict:
 
 def ingredients(plan: StagePlan, refs: References, env_extra: dict | None, sandbox_mode: str) -> dict:
     """Everything the key is the hash of (kept in the entry, for a person to read)."""
-    from .. import tune
+    from ..ladder import tune
 
     return {
         "schema": SCHEMA, "stage": plan.stage.number,

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import device, outputs
-from ..stages import STAGES, label, solutions_folder
+from ..launch import device
+from .. import outputs
+from ..course.stages import STAGES, label, solutions_folder
 from . import environment, isolation, phases, refcache, scoring
 from .cores import Cores
 from .job import Job, ReferenceTiming, probe, reference_job

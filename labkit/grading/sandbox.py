@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..nbcells import source_of
+from ..course.nbcells import source_of
 from . import isolation, protocol
 
 PACKAGE = Path(__file__).resolve().parent.parent  # labkit/
@@ -33,11 +33,18 @@ COPIED = (".py", ".toml", ".cfg")
 # ----------------------------------------------------------------------------------------- private copies
 
 
+def package_folders() -> list[Path]:
+    """labkit/ and every folder below it that is a package (holds an __init__.py), at any depth
+    (labkit/launch/cudacpu/), in a fixed order."""
+    return [PACKAGE, *sorted(p.parent for p in PACKAGE.rglob("__init__.py")
+                             if p.parent != PACKAGE and "__pycache__" not in p.parts)]
+
+
 def private_labkit(dest: Path) -> list[Path]:
-    """Copy labkit's sources (and its subpackages') into ``dest/labkit``; the child imports this copy
+    """Copy labkit's sources (and its subpackages', at any depth) into ``dest/labkit``; the child imports this copy
     (PYTHONPATH comes before the installed package), so nothing a child does to its labkit reaches the grader."""
     copied = []
-    for src_dir in (PACKAGE, *sorted(d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file())):
+    for src_dir in package_folders():
         out = dest / "labkit" / src_dir.relative_to(PACKAGE)
         out.mkdir(parents=True)
         for f in sorted(src_dir.iterdir()):

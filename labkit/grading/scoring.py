@@ -16,7 +16,7 @@ from statistics import median
 
 import numpy as np
 
-from ..stages import Stage, label
+from ..course.stages import Stage, label
 from .phases import rounded
 from .plan import StagePlan
 from .rubric import op_time_fraction

@@ -50,7 +50,10 @@ _threads = threading.enumerate
 
 import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
 
-from .. import counts, device, engine, freed, gpu, nbcells, simcheck, simulator, stages, tune  # noqa: E402,F401
+from ..core import counts, engine
+from ..launch import device, freed, gpu, simcheck, simulator
+from ..course import nbcells, stages
+from ..ladder import tune  # noqa: E402,F401
 # (counts and tune imported now, before the snapshot: a class of a module first imported by a student's cell would
 # be outside it, and its patch unseen)
 
@@ -60,10 +63,10 @@ from numba import cuda as _cuda  # noqa: E402
 _cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
 _cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
 
-from ..check import check_technique, origin, weighted  # noqa: E402
-from ..layers import impl_for, kernel_layers  # noqa: E402
-from ..nets import Layer, Net, get_net  # noqa: E402
-from ..stages import STAGES, Variant  # noqa: E402
+from ..core.check import check_technique, origin, weighted  # noqa: E402
+from ..model.layers import impl_for, kernel_layers  # noqa: E402
+from ..model.nets import Layer, Net, get_net  # noqa: E402
+from ..course.stages import STAGES, Variant  # noqa: E402
 
 STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
 from . import environment, ownership  # noqa: E402
@@ -186,8 +189,9 @@ def _namespaces(hooked: list) -> list[tuple[object, bool]]:
     """labkit's modules, this worker, numpy, time, every class a labkit module defines (the tracer, the technique
     counter, the checks' results: a patched class attribute reaches every instance), and the kernel classes the
     launch hook sits on."""
-    mods = [(m, not hasattr(m, "__path__")) for n, m in sorted(sys.modules.items())
-            if isinstance(m, types.ModuleType) and (n == "labkit" or n.startswith("labkit.") or n == "__main__")]
+    found = {id(m): m for n, m in sorted(sys.modules.items())  # once each: a moved module has its old name too
+             if isinstance(m, types.ModuleType) and (n == "labkit" or n.startswith("labkit.") or n == "__main__")}
+    mods = [(m, not hasattr(m, "__path__")) for m in found.values()]
     classes = {id(v): v for m, _ in mods for v in list(vars(m).values())
                if isinstance(v, type) and getattr(v, "__module__", None) in (m.__name__, "__main__")}
     return [*mods, (np, False), (time, False), *((c, True) for c in classes.values()),
@@ -393,8 +397,9 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
     graph: ``fn(variant, wl, lane)`` makes a call (a fresh one, or the task's last one replayed again), whose
     probabilities on the host come back; pipeline: ``fn`` classifies the bytes over lanes (``labkit.whole``), and
     the classes come back as it left them when it returned."""
-    from .. import streams, whole
-    from ..workloads import Workload
+    from ..launch import streams
+    from ..core import whole
+    from ..core.workloads import Workload
 
     net, w, variant = ctx.nets[spec.net], ctx.weights(spec.weights), _given(spec.variant)
     if spec.check == "graph":
@@ -835,7 +840,7 @@ def hello(info) -> P.Hello:
     """The first frame: this child's device, where it imported labkit from and the versions it imports."""
     versions, origins = environment.imported()
     return P.Hello(device=device.label(info), kind=info.kind, simulated=info.simulated, pid=os.getpid(),
-                   labkit=os.path.dirname(os.path.abspath(engine.__file__)), versions=versions, origins=origins)
+                   labkit=os.path.dirname(os.path.abspath(_labkit.__file__)), versions=versions, origins=origins)
 
 
 def _last_launch_note():

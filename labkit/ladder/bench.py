@@ -26,14 +26,18 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import bench_whole, ceilings, cudnn, device, gpu, reference, stages, tensor_cores, unfinished
-from .check import check_variant
-from .engine import run
-from .ledger import Ledger, repo_root
-from .nbcells import NotebookError, notebook_name
-from .report import RunReport
-from .weights_io import NOT_SHIPPED, course_weights
-from .workloads import workload
+from . import bench_whole, ceilings, cudnn, unfinished
+from ..launch import device, gpu
+from ..model import reference
+from ..course import stages
+from ..ops import tensor_cores
+from ..core.check import check_variant
+from ..core.engine import run
+from ..measuring.ledger import Ledger, repo_root
+from ..course.nbcells import NotebookError, notebook_name
+from ..measuring.report import RunReport
+from ..model.weights_io import NOT_SHIPPED, course_weights
+from ..core.workloads import workload
 
 REFERENCE_STAGE = stages.REFERENCE_LABEL
 
@@ -59,9 +63,9 @@ def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tu
              notebooks: Path, random_weights: bool = False) -> list[str] | None:
     """Check what was asked before anything runs: known stages that have a notebook with VARIANTS, known nets,
     image counts that fit in memory, and a device that can run GPU code (a GPU, or the simulator)."""
-    from . import nets as nets_mod
-    from .data import DataError, check_fits
-    from .nbcells import tagged_cells
+    from ..model import nets as nets_mod
+    from ..model.data import DataError, check_fits
+    from ..course.nbcells import tagged_cells
 
     numbers = [n.zfill(2) for n in stage_numbers] if stage_numbers else None
     timed = {p.name[:2]: p for p in _stage_paths(Path(notebooks), None)
@@ -97,7 +101,7 @@ def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tu
 
 
 def _cells(path: Path, tagged_cells) -> list:
-    from .nbcells import NotebookError, read
+    from ..course.nbcells import NotebookError, read
 
     try:
         return tagged_cells(read(path))
@@ -108,7 +112,7 @@ def _cells(path: Path, tagged_cells) -> list:
 def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
     """The folder's notebooks to run, in order: a notebook whose source lies beside it (a solution's NN_topic.py,
     ``labkit.nbcells``) as that source, the others as they are."""
-    from .nbcells import source_of
+    from ..course.nbcells import source_of
 
     paths = [source_of(p) if source_of(p).is_file() else p for p in sorted(notebooks.glob("*.ipynb"))]
     if selected:
@@ -130,7 +134,7 @@ def prepare_out(out: Path | None, force: bool = False, append: bool = False) -> 
     """Check the output folder before the ladder runs: it can be created or written, and it holds no results
     unless asked: ``force`` removes the earlier run's files (``OUTPUT_FILES`` and plots; nothing else), ``append``
     adds this run's rows to them, only when they are this device's. Returns the folder."""
-    from .outputs import OutputError, contents, listed, writable_folder
+    from ..outputs import OutputError, contents, listed, writable_folder
 
     out = Path(out or default_out())
     try:
@@ -187,7 +191,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     ``UNFINISHED`` file (``labkit.unfinished``) from the start until bench.json is written, so a run that is cut
     off (its ledger holds the rows measured so far) is never read as a finished one.
     """
-    from .nets import get_net
+    from ..model.nets import get_net
 
     def sizes(net: str) -> tuple[int, ...]:
         return tuple(images) if images else get_net(net).workloads
@@ -320,7 +324,7 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
 def stand_in_weights(net: str) -> dict | None:
     """Seeded random weights for a net the kit neither ships nor finds weights of (None where it has them): the
     workload's note says so, as every row and the summary repeat it."""
-    from .weights_io import random_weights
+    from ..model.weights_io import random_weights
 
     if net not in NOT_SHIPPED or course_weights(net) is not None:
         return None
@@ -371,7 +375,7 @@ def _slow_kind(variant) -> str | None:
 
 def _gflop(net: str, images: int) -> float:
     """The forward pass's work on ``images`` images, from the spec (a multiply-add counts 2)."""
-    from .nets import get_net, net_cost
+    from ..model.nets import get_net, net_cost
 
     return sum(c.flops for c in net_cost(get_net(net), images).values()) / 1e9
 
@@ -421,7 +425,7 @@ CUDNN_WHOLE_CALL = "torch forward (launches + output copy to host)"
 def versions() -> dict:
     """Library versions a timing depends on; absent libraries are left out."""
     out = {"python": platform.python_version()}
-    from . import __version__
+    from .. import __version__
 
     out["labkit"] = __version__  # the package's own, not an installed copy's metadata
     for dist in ("numpy", "numba", "numba-cuda"):
@@ -565,7 +569,7 @@ def _appended(out: Path, rows: list[dict], meta: dict) -> list[dict]:
 def _write(out: Path, rows: list[dict], command: str, append: bool = False) -> Path:
     """bench.json, bench.csv, summary.md and the plots; a folder that fails now (removed, full) gets them written
     to a fallback folder, named, with a copy of the ledger: the measured rows are never lost."""
-    from .outputs import write_or_fallback
+    from ..outputs import write_or_fallback
 
     label = device.label()
     meta = {"device": label, "simulated": device.info().simulated, "date": dt.datetime.now(

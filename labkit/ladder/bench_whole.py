@@ -19,9 +19,12 @@ import statistics
 
 import numpy as np
 
-from . import ceilings, data, device, engine, gpu, graphs, reference, simulator, streams, upload, whole
-from .nets import net_cost
-from .timing import Clock
+from . import ceilings
+from ..model import data, reference
+from ..launch import device, gpu, simulator, streams
+from ..core import engine, graphs, upload, whole
+from ..model.nets import net_cost
+from ..measuring.timing import Clock
 
 WHOLE_CALL_ENGINE = "engine.forward (launches + output download)"
 WHOLE_CALL_GRAPH = "CUDA graph replay + output download"

@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 
 from . import unfinished
-from .ledger import repo_root
-from .stages import REFERENCE_LABEL
+from ..measuring.ledger import repo_root
+from ..course.stages import REFERENCE_LABEL
 
 PLOTS = ("ladder", "layers", "roofline")
 _ABSOLUTE = re.compile(r"(?<![\w.~$/…-])/[^\s/`'\"|)\]]+(?:/[^\s/`'\"|)\]]+)*/?")
@@ -194,7 +194,7 @@ def _conv_rates(row: dict) -> tuple[float | None, float | None]:
     gf, gb = row.get("conv_gflops"), row.get("conv_gbs")
     if gf is not None and gb is None and row.get("conv_s"):
         try:
-            from .nets import get_net, layer_cost
+            from ..model.nets import get_net, layer_cost
 
             spec = get_net(row["net"])
             data = sum(layer_cost(spec, layer.name, row["images"]).bytes for layer in spec.layers

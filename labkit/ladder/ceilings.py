@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ledger import repo_root
+from ..measuring.ledger import repo_root
 
 STORE = repo_root() / "results" / "ceilings.json"
 
@@ -58,8 +58,8 @@ def measure(save: bool = False, repeat: int = 20) -> Ceilings:
     """Measure this GPU's ceilings (median of ``repeat`` timed runs after a warm-up, CUDA events)."""
     from numba import cuda, float32
 
-    from . import device
-    from .timing import measure as timed
+    from ..launch import device
+    from ..measuring.timing import measure as timed
 
     if device.info().kind != "gpu":
         raise RuntimeError("ceilings can only be measured on a real GPU")
@@ -117,7 +117,8 @@ def describe(c: Ceilings | None) -> str:
 
 def current() -> Ceilings | None:
     """This GPU's ceilings; on a machine without one, those of the GPU the kit's newest committed results ran on."""
-    from . import device, measured
+    from ..launch import device
+    from . import measured
 
     if device.info().kind == "gpu":
         return for_device(device.label())

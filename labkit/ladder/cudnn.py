@@ -11,9 +11,10 @@ from statistics import median
 
 import numpy as np
 
-from . import device, reference
-from .report import RunReport
-from .workloads import Workload
+from ..launch import device
+from ..model import reference
+from ..measuring.report import RunReport
+from ..core.workloads import Workload
 
 
 def available() -> bool:
@@ -97,7 +98,7 @@ def whole_call(wl: Workload, repeat: int = 10, warmup: int = 3,
     probabilities to the host. ``budget_s``: no further call once the timed ones add up to this (at least one)."""
     import torch
 
-    from .timing import Clock
+    from ..measuring.timing import Clock
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

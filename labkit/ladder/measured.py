@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import unfinished
-from .ledger import Ledger, repo_root
-from .report import RunReport
-from .stages import REFERENCE_LABEL, order_key, speedup_baseline
+from ..measuring.ledger import Ledger, repo_root
+from ..measuring.report import RunReport
+from ..course.stages import REFERENCE_LABEL, order_key, speedup_baseline
 
 RESULTS = repo_root() / "results"
 
@@ -193,7 +193,7 @@ def readme_block(root: Path = RESULTS) -> str:
     """The README's "measured so far" block: the fastest run of every stage on each net's default workload, each
     stage (and each baseline) from the newest committed results that hold it, with the folders named. Rendered,
     never typed."""
-    from .nets import get_net
+    from ..model.nets import get_net
 
     found = all_results(root)
     if not found:

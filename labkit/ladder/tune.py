@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import check, device, engine, gpu, layers, simulator
-from .ledger import repo_root
-from .nets import Net, get_net
+from ..core import check, engine
+from ..launch import device, gpu, simulator
+from ..model import layers
+from ..measuring.ledger import repo_root
+from ..model.nets import Net, get_net
 
 STORE = repo_root() / "results" / "tuning.json"
 
@@ -106,7 +108,7 @@ def _inputs(spec: Net, group: tuple, batch: int, rng) -> tuple:
 
 
 def _time(c: Candidate, group: tuple, inputs: tuple, repeat: int) -> list[float]:
-    from .timing import Clock
+    from ..measuring.timing import Clock
 
     conv = group[0]
     xd, wd, out_shape = inputs

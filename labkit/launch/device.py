@@ -312,7 +312,7 @@ def describe(device: DeviceInfo | None = None) -> str:
 def _cuda_c(d: DeviceInfo) -> str:
     """How CUDA C cells run here (``stages.unavailable``, the rule the checks, the bench and the grader follow):
     through cupy on a GPU, on the CPU emulation (``labkit.cudacpu``) where there is none and a C++ compiler is."""
-    from .stages import unavailable
+    from ..course.stages import unavailable
 
     why = unavailable(("cuda_c",))
     if why:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import stream_order, streams
-from .layers import OUT_AT
-from .stages import STUB_MARK
+from ..model.layers import OUT_AT
+from ..course.stages import STUB_MARK
 
 TPB = 128  # threads per block of a 1-D launch: a multiple of the warp size, small enough for any kernel here
 
@@ -222,7 +222,7 @@ def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
     goes to the lane's stream (``with lane.cupy``); the CPU emulation runs at once, in call order."""
     grid, block = _dims(grid), _dims(block)
     given, args = args, tuple(_raw_arg(a, i) for i, a in enumerate(args))
-    on_cpu = type(kernel).__module__.startswith("labkit.cudacpu")
+    on_cpu = type(kernel).__module__.startswith("labkit.launch.cudacpu")
     if on_cpu:
         _emulated[0] += 1
     lane = streams.current()

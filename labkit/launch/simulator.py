@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .nets import Layer, Net, get_net
+from ..model.nets import Layer, Net, get_net
 
 #: the widest tile any of the kit's kernels covers on the simulator along one extent of a map or of the maps: stage 05's
 #: 16 x 16 output tiles (07's and 08's matmul tiles are 8 x 8 there, the 1-D launches' blocks cover flat indices).

@@ -180,10 +180,11 @@ def small_case(net: str = "cifar10", layer: str = "conv2", *, fuse: tuple[str, .
     """One image of ``layer`` with ``channels`` input channels, ``maps`` output maps and a ``size`` image (default:
     the simulator's shrunk size), fresh weights from ``seed``; ``fuse`` adds the activation and pooling after it
     (a fused group, as ``Variant.fuse`` hands them over). Returns a ``labkit.check.Case``."""
-    from . import reference, simulator
-    from .check import Case
-    from .layers import groups, kernel_layers
-    from .nets import get_net
+    from ..model import reference
+    from ..launch import simulator
+    from ..core.check import Case
+    from ..model.layers import groups, kernel_layers
+    from ..model.nets import get_net
 
     spec = get_net(net)
     conv = spec.layer(layer)
@@ -261,7 +262,8 @@ def _launch_of(sim_launch, sizes: dict) -> Launch:
 
 def record_here(fn, case, arrays: str = "device", name: str = "") -> Recording:
     """Call ``fn`` on ``case`` under the simulator and keep every access of every launch it makes."""
-    from . import engine, simcheck, simulator
+    from ..core import engine
+    from ..launch import simcheck, simulator
 
     if not simulator.active():
         raise RuntimeError("recording accesses needs the CUDA simulator (labkit.access.record runs it in a child "
@@ -291,11 +293,11 @@ def record(fn, case_args: dict, arrays: str = "device", name: str = "", stage: s
     """``record_here`` on ``small_case(**case_args)``: in this process on the simulator, else in a child process
     under the simulator that loads ``stage``'s notebook (as saved; the kit's solution when there is none) and finds
     ``fn`` by the name ``namespace`` (the notebook's) binds it to."""
-    from . import simulator
+    from ..launch import simulator
 
     if simulator.active():
         return record_here(fn, small_case(**case_args), arrays, name)
-    from .counts import _notebook_for, _path_of
+    from ..core.counts import _notebook_for, _path_of
 
     if stage is None:
         raise ValueError("on a GPU machine lk.show records in a child process on the simulator: say which stage's "
@@ -308,7 +310,7 @@ def record(fn, case_args: dict, arrays: str = "device", name: str = "", stage: s
 
 def _in_child(job: dict) -> Recording:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, "-m", "labkit.access"], input=json.dumps(job), capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "labkit.lessons.access"], input=json.dumps(job), capture_output=True,
                           text=True, env=env, timeout=600)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -318,8 +320,8 @@ def _in_child(job: dict) -> Recording:
 
 def _main() -> int:
     """Child: load the notebook's kernel cells under the simulator, record the named function on the case."""
-    from . import nbcells
-    from .counts import _resolve
+    from ..course import nbcells
+    from ..core.counts import _resolve
 
     job = json.loads(sys.stdin.read())
     fn = _resolve(nbcells.load(job["notebook"]), job["function"])

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import data, device, measured, plots
-from .check import check_variant
-from .engine import NetRun, run
-from .ledger import Ledger
-from .stages import STAGES, Variant
-from .workloads import Workload
+from ..model import data
+from ..launch import device
+from ..ladder import measured, plots
+from ..core.check import check_variant
+from ..core.engine import NetRun, run
+from ..measuring.ledger import Ledger
+from ..course.stages import STAGES, Variant
+from ..core.workloads import Workload
 
 
 def hello(stage: str) -> None:
@@ -66,7 +68,7 @@ def check(variants: dict[str, Variant], net: str | None = None) -> Checked:
     notebook's own functions get one line per check; the given code (earlier stages' solutions, the kit's layers)
     one line in all at the end, unless a check of it fails. A function several variants share is checked once; a
     variant with the same functions and launch pattern as an earlier one is not checked again."""
-    from .check import given_summary
+    from ..core.check import given_summary
 
     checked = Checked()
     seen: dict = {}
@@ -147,7 +149,7 @@ def ladder(stage: str, net: str = "cifar10", images: int | None = None, runs: di
 
 def _best_of_earlier(reports, stage: str) -> list:
     """This stage's runs, the fastest run of every other stage (per net and image count), and the baselines."""
-    from .stages import order_key
+    from ..course.stages import order_key
 
     best: dict = {}
     keep = []
@@ -164,7 +166,7 @@ def _best_of_earlier(reports, stage: str) -> list:
 
 def _images_of(res: measured.Results, stage: str, net: str) -> int | None:
     """The image count to show committed runs at: the net's default workload if the stage ran it, else the largest."""
-    from .nets import get_net
+    from ..model.nets import get_net
 
     counts = {r.images for r in res.runs(stage, net)}
     default = get_net(net).default_images
@@ -184,7 +186,7 @@ def roofline(stage: str, runs: dict[str, NetRun] | None = None, net: str = "cifa
              ax=None):
     """Conv layers of this stage's runs on the device's roofline: this machine's runs on a GPU, else the kit's
     committed GPU runs of the stage."""
-    from . import ceilings
+    from ..ladder import ceilings
 
     if runs and not any(r.report.simulated for r in runs.values()):
         reports = [r.report for r in runs.values()]
@@ -261,7 +263,8 @@ def parallel_diagnostics(fn, level: int = 1) -> None:
 def counts(variant: Variant, wl: Workload):
     """The launches and copies of one forward pass of ``variant`` on ``wl`` (after its one-time upload), counted
     by ``labkit.gpu`` as they happen."""
-    from . import engine, gpu
+    from ..core import engine
+    from ..launch import gpu
 
     prepared = engine.prepare(wl.net, variant, wl.x, wl.weights)
     with gpu.counting() as c:
@@ -274,7 +277,7 @@ def raw_images(wl: Workload):
     workload (repeated as the workload repeats them), synthetic bytes for a simulated or synthetic one."""
     import numpy as np
 
-    from .nets import base_name
+    from ..model.nets import base_name
 
     n, (c, h, w) = wl.images, wl.net.input_shape
     if wl.synthetic or wl.net.dataset != "cifar10":

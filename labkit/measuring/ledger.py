@@ -20,7 +20,7 @@ from .report import RunReport
 
 def repo_root() -> Path:
     """The checkout labkit runs from (where pyproject.toml is), else the current folder."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     return here if (here / "pyproject.toml").exists() else Path.cwd()
 
 
@@ -41,7 +41,7 @@ def _default_command() -> str:
 
 
 def _labkit_version() -> str:
-    from . import __version__  # the one version: pyproject.toml reads it from there
+    from .. import __version__  # the one version: pyproject.toml reads it from there
 
     return __version__
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from . import device
+from ..launch import device
 
 ACTIVITY_KINDS = ("kernel", "HtoD", "DtoH", "other")
 COPY_NAMES = {"HtoD": "[CUDA memcpy HtoD]", "DtoH": "[CUDA memcpy DtoH]"}
@@ -101,7 +101,7 @@ class Profiler:
 
     def __enter__(self) -> Profiler:
         """Record every launch and copy made through ``labkit.gpu`` inside the ``with`` block."""
-        from . import gpu
+        from ..launch import gpu
 
         self._recording = gpu.recording(self)
         self._recording.__enter__()

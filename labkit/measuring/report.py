@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from . import device
+from ..launch import device
 from .timing import resolve_method
 
 #: Labels of the kind totals in the cifar report, in the original study's order (tanh added for other specs).
@@ -20,12 +20,12 @@ KIND_LABELS = {"conv": "Conv", "relu": "ReLU", "tanh": "Tanh", "pool": "Pool", "
 
 def spec_of(net):
     """The spec a report was made with: a registered net, or the simulator's shrunk copy ("cifar10-mini")."""
-    from .nets import SCALED_SUFFIX, Net, base_name, get_net
+    from ..model.nets import SCALED_SUFFIX, Net, base_name, get_net
 
     if isinstance(net, Net):
         return net
     if net.endswith(SCALED_SUFFIX):
-        from .simulator import net as shrunk
+        from ..launch.simulator import net as shrunk
 
         return shrunk(base_name(net))
     return get_net(net)
@@ -98,7 +98,7 @@ class RunReport:
 
     def throughput(self, net=None) -> dict[str, dict]:
         """Per layer: seconds, FLOPs, minimum bytes, GFLOP/s and GB/s (FLOPs and bytes from the spec)."""
-        from .nets import layer_cost
+        from ..model.nets import layer_cost
 
         spec = spec_of(net if net is not None else self.net)
         rows = {}

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import device
-from .gpu import synchronize as sync
+from ..launch import device
+from ..launch.gpu import synchronize as sync
 
 METHODS = ("auto", "cuda-events", "perf_counter")
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .nets import Net, get_net
 
-REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 CIFAR_RECORD = 3073  # 1 label byte + 3 x 1024 pixel bytes
 
 
@@ -231,7 +231,7 @@ def fetch(name: str, root: str | Path | None = None, progress: bool = True,
         problem, _, todo = env_problem().partition(": ")
         raise DataError(f"{problem}, so there is nowhere to download {name} to: {todo}; or pass --root")
     root = Path(root) if root is not None else default_download_root()
-    from .outputs import OutputError, writable_folder
+    from ..outputs import OutputError, writable_folder
 
     try:
         writable_folder(root, "the download folder")

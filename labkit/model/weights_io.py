@@ -13,7 +13,7 @@ import numpy as np
 
 from .nets import Net, get_net
 
-WEIGHTS_DIR = Path(__file__).with_name("weights")
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"  # labkit/weights/
 
 def validate_weights(net: Net, weights: dict[str, np.ndarray], source: str = "weights") -> dict[str, np.ndarray]:
     """Check keys and shapes against the spec; return float32 contiguous copies."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import gpu
+from ..launch import gpu
 
 
 class PerWeights:

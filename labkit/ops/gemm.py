@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32
 
-from . import gpu, simulator
+from ..launch import gpu, simulator
 
 #: unsigned indices in the tiles' loops: numba then leaves out its negative-index wraparound, which took a third of
 #: the registers (ptxas, sm_90: 166 -> 128 for the 8 x 10 tile, no spills)

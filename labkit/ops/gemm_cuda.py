@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu
+from ..launch import gpu
 
 SOURCE = r"""
 #ifndef __CUDACC__

@@ -12,7 +12,7 @@ import math
 
 from numba import cuda, float32
 
-from . import gpu
+from ..launch import gpu
 
 
 @cuda.jit

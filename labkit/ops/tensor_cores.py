@@ -50,8 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import conv_banks, gpu, layers
-from .ledger import repo_root
+from . import conv_banks
+from ..launch import gpu
+from ..model import layers
+from ..measuring.ledger import repo_root
 
 R = 5
 
@@ -657,7 +659,7 @@ def save_choices(entries: list[dict], path: Path | None = None) -> dict:
 
 def stored(net: str, images: int) -> dict | None:
     """The recorded choice for ``net`` at ``images``: this device's when there is one, else the newest."""
-    from . import device
+    from ..launch import device
 
     if not STORE.exists():
         return None
@@ -674,7 +676,7 @@ def layers_on_tensor_cores(net: str, images: int) -> list[str]:
 def tuned(net: str, images: int) -> dict:
     """``{layer: conv}`` for the layers where the recorded run found a configuration faster than the direct kernel
     (the others are left to the caller's); nothing where CUDA C cannot run here (no GPU and no C++ compiler)."""
-    from . import stages
+    from ..course import stages
 
     kept = stored(net, images)
     if not kept or stages.unavailable(("cuda_c",)):

@@ -39,7 +39,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import gpu, layers
+from ..launch import gpu
+from ..model import layers
 
 #: the output tile's side (m) and the filter's (r): F(m x m, r x r) reads tiles of m + r - 1
 M_OUT, R = 2, 5
