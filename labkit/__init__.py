@@ -10,6 +10,8 @@ launch`` all give the module ``labkit.launch.gpu`` itself (``MOVED``, the one ta
 submissions, tests and tools written against the old names keep working.
 """
 
+__version__ = "0.2.0"  # first: modules that record it import it while this package is still being imported
+
 import importlib
 import importlib.abc
 import importlib.util
@@ -119,5 +121,3 @@ from .model.data import load_cifar10, load_fashion, load_inputs, to_input  # noq
 from .model.nets import NETS, Layer, Net, get_net, layer_cost, net_cost  # noqa: E402
 from .model.reference import accuracy, conv2d, fc, forward, maxpool2d, predict, relu, softmax, tanh  # noqa: E402
 from .model.weights_io import load_c_study_weights, load_weights, random_weights, save_weights  # noqa: E402
-
-__version__ = "0.2.0"

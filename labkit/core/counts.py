@@ -43,7 +43,7 @@ def count_layer(fn, net: str, layer: str, arrays: str = "device", batch: int = 1
     operations. Needs the simulator."""
     from . import engine
     from ..launch import simcheck, simulator
-    from .check import layer_case
+    from .cases import layer_case
 
     if not simulator.active():
         raise RuntimeError("counting memory operations needs the CUDA simulator (labkit.counts.show runs it in a "

@@ -7,23 +7,16 @@ from __future__ import annotations
 from statistics import median
 
 import numpy as np
-from numba import cuda
 
 from ..model import data, reference
 from . import engine
+from .whole import Job, bytes_to_input  # noqa: F401 - upload.bytes_to_input, as before: the whole job's kernel
 from ..launch import gpu
 from ..model.nets import get_net
 from ..course.stages import Variant
 from ..measuring.timing import Clock
 from ..model.weights_io import load_weights
 
-
-
-@cuda.jit
-def bytes_to_input(raw, lut, x):
-    t = cuda.grid(1)
-    if t < x.size:
-        x[t] = lut[raw[t]]
 
 
 def stored_bytes(images: int) -> np.ndarray:
@@ -43,8 +36,6 @@ def end_to_end(variant: Variant, images: int = 50000, repeat: int = 5) -> dict:
     (``whole.Job.serial``: the classes come back; the same values: ``data.to_input``'s table of byte/255 - 0.5),
     with the range and the bytes each path uploads; both paths' predictions must agree, and the bytes path's input
     must equal the float path's, element for element (``inputs_equal``)."""
-    from .whole import Job  # the whole job's one bytes-to-classes path (labkit.whole imports this module)
-
     net = get_net("cifar10")
     raw = stored_bytes(images)
     x = data.to_input(net, raw)

@@ -28,9 +28,10 @@ import weakref
 from contextlib import nullcontext
 
 import numpy as np
+from numba import cuda
 
 from ..model import data
-from . import engine, upload
+from . import engine
 from ..launch import gpu, simulator, stream_order, streams
 from ..ops import kernels
 from .check import CheckResult, describe_failure
@@ -49,6 +50,14 @@ def input_table(net: Net) -> np.ndarray:
 
 def _on(lane):
     return lane if lane is not None else nullcontext()
+
+
+@cuda.jit
+def bytes_to_input(raw, lut, x):
+    """The network's input from stored bytes, on the device: ``x[t] = lut[raw[t]]`` (``data.to_input``'s table)."""
+    t = cuda.grid(1)
+    if t < x.size:
+        x[t] = lut[raw[t]]
 
 
 class Job:
@@ -127,7 +136,7 @@ class Job:
 
     def _normalised(self, bytes_dev, n: int, tag: str):
         x = gpu.buffer(f"{tag} input", (n, *self.net.input_shape))
-        gpu.launch(upload.bytes_to_input, x.size, gpu.flat(bytes_dev), self.table, gpu.flat(x))
+        gpu.launch(bytes_to_input, x.size, gpu.flat(bytes_dev), self.table, gpu.flat(x))
         return x
 
     def inputs(self, raw: np.ndarray) -> np.ndarray:

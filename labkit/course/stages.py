@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import given, nbcells
+from ..launch.device import unavailable  # noqa: F401 - lk.stages.unavailable, as before
+from ..launch.gpu import STUB_MARK  # noqa: F401 - the stub line, as before
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,8 +58,6 @@ STAGES = {
 }
 
 REFERENCE_LABEL = "numpy reference"
-#: the line tools/make_student.py leaves where a solution was: the launch layer refuses a kernel that still has it
-STUB_MARK = "replace this line with your code"
 
 
 def label(stage: str | None, variant: str) -> str:
@@ -154,32 +154,6 @@ class Variant:
         from ..model.nets import get_net
 
         return net in self.nets or get_net(net).kernels_of in self.nets
-
-
-def unavailable(requires: tuple[str, ...]) -> str:
-    """Why code needing ``requires`` cannot run here ("" when it can): CUDA C ("cuda_c") runs through cupy on a
-    GPU, else on the CPU emulation where a C++ compiler is installed; cupy's own routines ("cupy") need a real GPU
-    with cupy. Variants and tuning candidates both ask this."""
-    if "cuda_c" in requires:
-        from ..launch import gpu
-
-        if gpu.cuda_c_on_cpu():
-            from ..launch import cudacpu
-
-            why = cudacpu.available()
-            if why:
-                return why
-        else:
-            from ..launch.device import info
-
-            if not info().cupy:
-                return "CUDA C on a GPU runs through cupy: install the cuda12 or cuda13 extra (labkit info says which)"
-    if "cupy" in requires:
-        from ..launch.device import info
-
-        if info().kind != "gpu" or not info().cupy:
-            return "needs a real GPU with cupy (CUDA C through cupy.RawModule)"
-    return ""
 
 
 def variants(stage: str, named: dict[str, Variant]) -> dict[str, Variant]:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ..launch import cudacpu
 from .cores import set_affinity
+from .processes import descendants, kill_tree, proc_table
 from .rubric import GradeError
 
 MODES = ("bwrap", "apptainer", "docker")
@@ -279,7 +280,6 @@ class Isolation:
 
     def stop(self, child: Child) -> list[int]:
         """End the child and everything it started; the pids still alive after (none expected)."""
-        from .sandbox import kill_tree
 
         kill_tree(child.proc)
         return []
@@ -290,9 +290,8 @@ class Isolation:
 
     def processes(self, child: Child) -> list[int]:
         """Every process of the job now: the child's session and its descendants."""
-        from .sandbox import _proc_table, descendants
 
-        table = _proc_table()
+        table = proc_table()
         return sorted({pid for pid, _, pgid in table if pgid == child.proc.pid}
                       | set(descendants(child.proc.pid, table)) | ({child.proc.pid} if child.proc.poll() is None
                                                                    else set()))
@@ -392,7 +391,6 @@ class Bwrap(Sandboxed):
     def stop(self, child: Child) -> list[int]:
         """SIGKILL the namespace's first process: the kernel kills every other process of the namespace, and bwrap
         exits once they are all gone; then check that none is left."""
-        from .sandbox import kill_tree
 
         if child.init_pid and child.proc.poll() is None:
             try:
@@ -459,14 +457,12 @@ class Apptainer(Container):
                                       **popen))
 
     def stop(self, child: Child) -> list[int]:
-        from .sandbox import descendants, kill_tree
 
         namespaces = foreign_namespaces(descendants(child.proc.pid))
         kill_tree(child.proc)  # the container's first process among them: its namespace goes with it
         return wait_gone(namespaces)
 
     def processes(self, child: Child) -> list[int]:
-        from .sandbox import descendants
 
         members = [pid for ns in foreign_namespaces(descendants(child.proc.pid)) for pid in ns_members(ns)]
         return sorted(set(members) | set(super().processes(child)))
@@ -516,7 +512,6 @@ class Docker(Container):
         """The engine runs the container, not this process: ``docker kill`` (SIGKILL at once; podman's ``rm -f`` alone
         sends SIGTERM, which the container's first process ignores, and kills 10 s later, while a detached process
         still runs), then ``docker rm -f``, which returns once it is gone."""
-        from .sandbox import kill_tree
 
         for action in (["kill", child.name], ["rm", "-f", child.name]):
             try:

@@ -21,7 +21,8 @@ from ..core import graphs, whole
 from ..launch import simulator
 from ..course import tasks
 from ..launch.cudacpu import LABEL as CUDA_C_LABEL
-from ..core.check import CheckResult, answer, compare, kept_from_earlier, layer_case, network_case, weighted
+from ..core.cases import answer, kept_from_earlier, layer_case, network_case, weighted
+from ..core.check import CheckResult, compare
 from ..core.engine import NanCauses
 from ..model.nets import get_net
 from . import environment, hints, isolation, sandbox, scoring

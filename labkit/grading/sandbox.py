@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..course.nbcells import source_of
 from . import isolation, protocol
+from .processes import descendants, kill_tree, proc_table, rss_mb  # noqa: F401 - sandbox.descendants, as before
 
 PACKAGE = Path(__file__).resolve().parent.parent  # labkit/
 WORKER = "labkit.grading.worker"
@@ -133,72 +134,6 @@ def memory_guard_text(memory_mb: int, gpu: bool) -> str:
         return (f"resident-memory watchdog at {memory_mb} MB (RLIMIT_AS is not used on a GPU: CUDA reserves more "
                 f"address space than any sensible limit)")
     return f"address-space limit (RLIMIT_AS) of {memory_mb} MB"
-
-
-# ------------------------------------------------------------------------------------------ process table
-
-
-def _proc_table() -> list[tuple[int, int, int]]:
-    """(pid, parent pid, process group) of every process, from /proc (empty where there is none)."""
-    rows = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                rows.append((int(entry), int(fields[1]), int(fields[2])))
-            except (OSError, ValueError, IndexError):
-                continue
-    return rows
-
-
-def descendants(pid: int, table=None) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for child, ppid, _ in table if table is not None else _proc_table():
-        parents.setdefault(ppid, []).append(child)
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def rss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            continue
-    return total / 1024
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child, every process of its process group (a session of its own) and every descendant, even
-    one that left the group: named one by one, so nothing else on the machine is touched."""
-    table = _proc_table()
-    victims = {pid for pid, _, pgid in table if pgid == proc.pid} | set(descendants(proc.pid, table))
-    if proc.returncode is None:
-        victims.add(proc.pid)
-    if not table and proc.returncode is None:  # no /proc (macOS): the group, while its leader is surely ours
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 # ------------------------------------------------------------------------------------------------ running

@@ -17,6 +17,9 @@ import platform
 import sys
 from dataclasses import dataclass, field
 
+from . import cudacpu
+from .cudacpu.compiler import ENV, find_compiler
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -310,22 +313,35 @@ def describe(device: DeviceInfo | None = None) -> str:
 
 
 def _cuda_c(d: DeviceInfo) -> str:
-    """How CUDA C cells run here (``stages.unavailable``, the rule the checks, the bench and the grader follow):
+    """How CUDA C cells run here (``unavailable``, the rule the checks, the bench and the grader follow):
     through cupy on a GPU, on the CPU emulation (``labkit.cudacpu``) where there is none and a C++ compiler is."""
-    from ..course.stages import unavailable
-
     why = unavailable(("cuda_c",))
     if why:
         return f"skipped ({why})"
     if d.kind == "gpu":
         return "through cupy, on the GPU"
-    from .cudacpu.compiler import ENV, find_compiler
-
     words = find_compiler() or ("?",)
     used = ("zig's clang from the ziglang package" if "ziglang" in words else f"{words[0]} from ${ENV}"
             if os.environ.get(ENV, "").strip() else words[0])
     return (f"on the CPU emulation of CUDA C (labkit.cudacpu, compiled with {used}): checked as on a GPU, its "
             f"times are not meaningful")
+
+
+def unavailable(requires: tuple[str, ...]) -> str:
+    """Why code needing ``requires`` cannot run here ("" when it can): CUDA C ("cuda_c") runs through cupy on a
+    GPU, else on the CPU emulation where a C++ compiler is installed; cupy's own routines ("cupy") need a real GPU
+    with cupy. Variants and tuning candidates both ask this (``labkit.stages.unavailable``)."""
+    if "cuda_c" in requires:
+        if info().kind != "gpu":  # gpu.cuda_c_on_cpu(): CUDA C runs on the CPU emulation wherever there is no GPU
+            why = cudacpu.available()
+            if why:
+                return why
+        elif not info().cupy:
+            return "CUDA C on a GPU runs through cupy: install the cuda12 or cuda13 extra (labkit info says which)"
+    if "cupy" in requires:
+        if info().kind != "gpu" or not info().cupy:
+            return "needs a real GPU with cupy (CUDA C through cupy.RawModule)"
+    return ""
 
 
 def label(device: DeviceInfo | None = None) -> str:

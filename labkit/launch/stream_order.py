@@ -138,11 +138,20 @@ def _check(lane, r: np.ndarray, verb: str) -> None:
 _LANE_SUFFIX = re.compile(r" \[lane\d+\]$")
 
 
+#: the launch layer (``labkit.launch.gpu``), which attaches itself when it is imported: it queues every launch and
+#: copy through this model, so this module sits below it and reaches it only through this reference
+_gpu = None
+
+
+def attach(gpu_module) -> None:
+    """``gpu_module`` names buffers (its pool's roles) and launches the spins of ``hold_back``."""
+    global _gpu
+    _gpu = gpu_module
+
+
 def _name(r: np.ndarray) -> str:
     """A buffer as the errors name it: its ``lk.gpu.buffer`` role (without the lane the pool adds), else its shape."""
-    from . import gpu
-
-    for role, held in gpu.DEVICE.roles():
+    for role, held in _gpu.DEVICE.roles():
         if root(held) is r:
             return f"'{_LANE_SUFFIX.sub('', role)}'"
     return f"a device array {r.shape} {r.dtype}"
@@ -171,9 +180,7 @@ def hold_back(lanes, longest, rng) -> dict[str, float]:
     ms[longest] = LONGEST_MS
     if simulator.active():
         return {}
-    from . import gpu
-
     for lane, delay in ms.items():
         with lane:
-            gpu.launch_grid(_spin, 1, 1, int(delay * 1000))
+            _gpu.launch_grid(_spin, 1, 1, int(delay * 1000))
     return {lane.name: delay for lane, delay in ms.items()}

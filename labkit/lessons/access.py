@@ -182,7 +182,7 @@ def small_case(net: str = "cifar10", layer: str = "conv2", *, fuse: tuple[str, .
     (a fused group, as ``Variant.fuse`` hands them over). Returns a ``labkit.check.Case``."""
     from ..model import reference
     from ..launch import simulator
-    from ..core.check import Case
+    from ..core.cases import Case
     from ..model.layers import groups, kernel_layers
     from ..model.nets import get_net
 

@@ -7,7 +7,7 @@ threads with a real barrier (``sources.LAUNCHER``), behind the part of ``cupy.Ra
 
 from __future__ import annotations
 
-from .compiler import CompileError, NoCompiler, build, find_compiler, kernels
+from .compiler import CompileError, NoCompiler, build, find_compiler, kernels, missing
 from .module import Global, Kernel, LaunchError, Module
 
 LABEL = "CPU emulation of CUDA C"
@@ -21,8 +21,6 @@ __all__ = ["LABEL", "NAN_HINT", "CompileError", "Global", "Kernel", "LaunchError
 
 def available() -> str:
     """'' when CUDA C can be compiled and run on this CPU, else one line saying what to install."""
-    from .compiler import missing
-
     return missing()
 
 
