@@ -63,6 +63,18 @@ def _new_name(fullname: str) -> str | None:
     return f"{__name__}.{MOVED[first]}" + (f".{tail}" if tail else "")
 
 
+_OLD = {f"{__name__}.{new}": f"{__name__}.{old}" for old, new in MOVED.items()}
+
+
+def old_name(module: str) -> str:
+    """``labkit.core.counts`` -> ``labkit.counts``: a moved module (or a name inside it) as notebooks and submissions
+    know it; the grader's messages name what a student patched or called this way."""
+    for new, old in _OLD.items():
+        if module == new or module.startswith(new + "."):
+            return old + module[len(new):]
+    return module
+
+
 class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``import labkit.gpu``: the module ``labkit.launch.gpu`` itself under its old name too (one module object,
     so a patch through either name is seen through both)."""

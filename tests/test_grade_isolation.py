@@ -183,7 +183,7 @@ def _probe(iso, tmp_path: Path) -> tuple[dict, Path]:
     (tmp_path / "hidden.txt").write_text("secret")
     view = _view(tmp_path, [allowed])
     reads = {"allowed": str(allowed), "hidden": str(tmp_path / "hidden.txt"),
-             "solution": str(REPO / "solutions" / es.NB), "kit source": str(REPO / "labkit" / "check.py"),
+             "solution": str(REPO / "solutions" / es.NB), "kit source": str(REPO / "labkit" / "core" / "check.py"),
              "shadow": "/etc/shadow", "home": os.path.expanduser("~/.bashrc")}
     writes = {"scratch": f"{view.scratch}/out.txt", "allowed (read-only)": str(allowed), "tmp": "/tmp/escape.txt",
               "venv": f"{sys.prefix}/escape.txt", "root": "/escape.txt"}

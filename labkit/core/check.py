@@ -18,13 +18,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import engine
-from .cases import (BATCHES, DEFAULT_TOL, NETWORK_BATCHES, Case, answer, default_batches, fresh_seed,  # noqa: F401
-                    group_case, kept_from_earlier, layer_case, magnitude, network_case, weighted)
+from ..course.stages import Variant
 from ..launch import freed, gpu, simcheck, simulator
+from ..launch.cudacpu import LABEL, NAN_HINT
 from ..model.layers import SIGNATURES, groups, impl_for, kernel_layers
 from ..model.nets import Layer, Net, get_net
-from ..course.stages import Variant
+from . import counts, engine
+from .cases import (  # noqa: F401
+    BATCHES,
+    DEFAULT_TOL,
+    NETWORK_BATCHES,
+    Case,
+    answer,
+    default_batches,
+    fresh_seed,
+    group_case,
+    kept_from_earlier,
+    layer_case,
+    magnitude,
+    network_case,
+    weighted,
+)
+
 
 @dataclass
 class CheckResult:
@@ -216,8 +231,6 @@ def _check(make_case: Callable, call: Callable, name: str, batches, tol, seed, q
         result.seed, result.shapes = seed, {"input": case.x.shape[1:]}
         result.batches = tuple(batches) if result.passed else ()
     if gpu.emulated_launches() > emulated:
-        from ..launch.cudacpu import LABEL, NAN_HINT
-
         result.emulated = LABEL
         if not result.passed and result.nan is not None and result.nan.read:
             result.detail += NAN_HINT
@@ -415,8 +428,6 @@ def check_technique(fn: Callable, net: str | Net, layer: str, memory: str, *, ar
     """Does ``fn`` use the memory its stage is about ("shared" or "constant")? On the simulator: its kernels load
     from that memory (counted by ``labkit.simcheck``); on a GPU: a kernel it launched has that memory in its
     compiled resources (numba's per-kernel sizes, or a cupy RawKernel's attributes). Values are checked elsewhere."""
-    from . import counts
-
     if memory not in MEMORY_WORDS:
         raise ValueError(f"memory must be one of {', '.join(MEMORY_WORDS)}, not {memory!r}")
     net = get_net(net)

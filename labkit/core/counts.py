@@ -20,6 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..course import nbcells
+from ..course.stages import STAGES, from_stage, given_stage, solution
+from ..launch import simcheck, simulator
+from ..launch.simulator import layer_input_shape
+from ..model.nets import get_net
+from . import engine
+from .cases import layer_case
+
 KINDS = ("global load", "global store", "shared load", "shared store", "constant load")
 
 
@@ -41,10 +49,6 @@ def count_layer(fn, net: str, layer: str, arrays: str = "device", batch: int = 1
                 name: str = "") -> Counts:
     """Call ``fn`` once on a shrunk case of ``layer`` (the self-check's inputs, fixed ``seed``) and count its memory
     operations. Needs the simulator."""
-    from . import engine
-    from ..launch import simcheck, simulator
-    from .cases import layer_case
-
     if not simulator.active():
         raise RuntimeError("counting memory operations needs the CUDA simulator (labkit.counts.show runs it in a "
                            "child process on a GPU machine)")
@@ -74,8 +78,6 @@ def table(rows: list[Counts], predicted: dict[str, float] | None = None, title: 
 def _notebook_for(stage: str) -> Path:
     """The stage's notebook as the student last saved it (Jupyter's working folder), else the kit's solution (its
     source, ``stages.solution``)."""
-    from ..course.stages import STAGES, solution
-
     here = Path.cwd() / STAGES[stage].notebook
     return here if here.exists() else solution(stage)
 
@@ -85,9 +87,6 @@ def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2"
     """Print the counts of ``functions`` (label -> a layer function bound to a name in the stage's kernel cells) on
     a shrunk ``layer``. ``predicted``: label -> global loads per output element the design predicts. ``arrays``:
     label -> "host" or "device" (default "device")."""
-    from ..launch import simulator
-    from ..launch.simulator import layer_input_shape
-
     arrays = arrays or {}
     if simulator.active():
         rows = [count_layer(fn, net, layer, arrays.get(label, "device"), name=label)
@@ -96,7 +95,6 @@ def show(stage: str, functions: dict, net: str = "cifar10", layer: str = "conv2"
         caller = sys._getframe(1).f_globals  # the notebook's namespace: where the child finds the same names
         names = {label: _path_of(fn, caller) for label, fn in functions.items()}
         rows = _in_child(stage, names, net, layer, arrays)
-    from ..model.nets import get_net
 
     spec = get_net(net)
     shape = "x".join(map(str, layer_input_shape(spec, spec.layer(layer))))
@@ -110,8 +108,6 @@ def _path_of(fn, namespace: dict) -> str:
     """How the child finds ``fn``: the name the notebook bound to it (``conv_tiled_8``), or ``@NN.name`` for given
     code of stage NN (``s04.conv_padded``: the child loads only the kernel cells, which need not bind ``s04``). A
     function's own ``__name__`` can differ from both (a closure a factory made)."""
-    from ..course.stages import given_stage
-
     for name, obj in namespace.items():
         if obj is fn and not name.startswith("_"):
             return name
@@ -124,8 +120,6 @@ def _path_of(fn, namespace: dict) -> str:
 
 
 def _resolve(namespace: dict, path: str):
-    from ..course.stages import from_stage
-
     if path.startswith("@"):
         number, attr = path[1:].split(".", 1)
         return getattr(from_stage(number), attr)
@@ -148,8 +142,6 @@ def _in_child(stage: str, functions: dict[str, str], net: str, layer: str, array
 
 def _main() -> int:
     """Child: load the stage notebook's kernel cells under the simulator and count the named functions."""
-    from ..course import nbcells
-
     job = json.loads(sys.stdin.read())
     namespace = nbcells.load(job["notebook"])
     rows = []

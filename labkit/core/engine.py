@@ -17,13 +17,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..launch import gpu
-from ..model import layers, reference
-from ..measuring.ledger import Ledger
-from ..model.nets import Layer, Net
-from ..measuring.report import RunReport, format_report, format_throughput
 from ..course.stages import REFERENCE_LABEL, Variant
-from ..measuring.timing import Clock
+from ..launch import gpu, simcheck
+from ..launch.device import label as device_label
+from ..measuring.ledger import Ledger
+from ..measuring.report import RunReport, format_report, format_throughput
+from ..measuring.timing import Clock, resolve_method
+from ..model import layers, reference
+from ..model.nets import Layer, Net
 from .workloads import Workload
 
 
@@ -183,8 +184,6 @@ def _margins_changed(whole, size: int) -> bool:
 def _unrecorded():
     """Launches and copies that are not the call's own (a diagnosis's re-runs): not counted, and on the simulator
     neither judged for races nor logged (``simcheck.paused``), the call itself having been."""
-    from ..launch import simcheck
-
     saved = list(gpu._recorders)
     gpu._recorders.clear()
     try:
@@ -355,8 +354,6 @@ def run(wl: Workload, variant=None, *, per_image: bool | None = None, arrays: st
     totals = [sum(p.values()) for p in passes]
     predictions = reference.predict(probs)
     acc = None if wl.labels is None else reference.accuracy(predictions, wl.labels)
-    from ..launch.device import label as device_label
-    from ..measuring.timing import resolve_method
 
     report = RunReport(net=wl.net.name, images=wl.images, layer_seconds=median_seconds(passes),
                        accuracy=acc, device=device_label(), simulated=wl.simulated, synthetic=wl.synthetic,

@@ -20,7 +20,11 @@ On numba's CUDA simulator (and on a GPU without cupy) there is no graph: ``Graph
 
 from __future__ import annotations
 
-from ..launch import simulator, streams
+from ..launch import gpu, simulator, streams
+from ..model import reference
+from . import engine
+from .check import CheckResult, describe_failure
+from .workloads import Workload
 
 NO_GRAPH_SIMULATOR = "simulator: no CUDA graph, replay calls the function"
 NO_GRAPH_CUPY = "no cupy: no CUDA graph, replay calls the function"
@@ -69,7 +73,6 @@ def capture(fn, lane: streams.Lane) -> Graph:
     import cupy
     from numba import cuda
 
-    from ..launch import gpu
 
     if gpu.poisoning():
         raise CaptureError("capture: not while checking (lk.gpu.poisoned() fills buffers with synchronous copies, "
@@ -119,8 +122,6 @@ KEPT = "a graph captured for other inputs or another variant, replayed here?"
 def replay_images(wl) -> list:
     """The three sets of images of ``REPLAY_PLAN`` from one workload: its images, half of them in reverse order, and
     its images reversed (as many as the first, other values where they differ)."""
-    from .workloads import Workload
-
     def subset(x, note):
         return Workload(wl.net, wl.weights, x, None, wl.simulated, wl.synthetic, f"{wl.note} ({note})")
 
@@ -135,9 +136,6 @@ def check_replay(make_call, variant, wl, lane: streams.Lane | None = None, other
     every call's predictions equal those of the engine's own call on the same images and variant. A raise is one
     FAIL line worded as every self-check words it (``labkit.check.describe_failure``: a TODO stub is "not
     implemented yet"). Returns the ``CheckResult``; the notebook prints it."""
-    from ..launch import gpu
-    from .check import CheckResult, describe_failure
-
     name, fn_name = "graph replay", getattr(make_call, "__name__", "make_call")
     variants, sets = (variant, other if other is not None else variant), replay_images(wl)
     call = None
@@ -178,8 +176,6 @@ def _replay_wrong(got, variant, wl, later: bool) -> str | None:
     ``later`` call whose answers are another's is most likely a graph kept from an earlier call (``KEPT``)."""
     import numpy as np
 
-    from . import engine
-    from ..model import reference
 
     why = unusable(got, (wl.images, *wl.net.shapes()[wl.net.layers[-1].name]), later)
     if why:

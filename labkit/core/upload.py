@@ -8,15 +8,14 @@ from statistics import median
 
 import numpy as np
 
+from ..course.stages import Variant
+from ..launch import gpu
+from ..measuring.timing import Clock
 from ..model import data, reference
+from ..model.nets import get_net
+from ..model.weights_io import load_weights
 from . import engine
 from .whole import Job, bytes_to_input  # noqa: F401 - upload.bytes_to_input, as before: the whole job's kernel
-from ..launch import gpu
-from ..model.nets import get_net
-from ..course.stages import Variant
-from ..measuring.timing import Clock
-from ..model.weights_io import load_weights
-
 
 
 def stored_bytes(images: int) -> np.ndarray:

@@ -30,13 +30,13 @@ from contextlib import nullcontext
 import numpy as np
 from numba import cuda
 
-from ..model import data
-from . import engine
-from ..launch import gpu, simulator, stream_order, streams
-from ..ops import kernels
-from .check import CheckResult, describe_failure
-from ..model.nets import Net, get_net
 from ..course.stages import Variant
+from ..launch import gpu, simulator, stream_order, streams
+from ..model import data
+from ..model.nets import Net, get_net
+from ..ops import kernels
+from . import engine
+from .check import CheckResult, describe_failure
 
 
 def input_table(net: Net) -> np.ndarray:

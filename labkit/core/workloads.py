@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import data
 from ..launch import simulator
+from ..model import data
 from ..model.nets import Net, get_net
 from ..model.weights_io import load_weights, random_weights
 

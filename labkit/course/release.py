@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..outputs import OutputError, writable_folder
 from . import given, nbcells
 from .stages import REPO, STAGES, STUB_MARK, solution
 
@@ -270,8 +271,6 @@ def _copy_tree(src: Path, dst: Path, repo: Path, skip_suffixes=(), skip_names=()
 def _prepare(out: Path, repo: Path, milestone: str, force: bool = False) -> None:
     """An empty ``out``, or a previous release emptied but for its .git (the next milestone is a new commit); a
     release of a later milestone only with ``force`` (its later stages would go)."""
-    from ..outputs import OutputError, writable_folder
-
     out = out.resolve()
     if out == repo.resolve() or repo.resolve().is_relative_to(out):
         raise ReleaseError(f"{out} holds the instructor's repository: give a new folder for the release")

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import given, nbcells
 from ..launch.device import unavailable  # noqa: F401 - lk.stages.unavailable, as before
 from ..launch.gpu import STUB_MARK  # noqa: F401 - the stub line, as before
+from ..model.nets import get_net
+from . import given, nbcells
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -151,8 +152,6 @@ class Variant:
     def runs_on(self, net: str) -> bool:
         """Whether this variant runs ``net``: one of its own nets, or a net with one of their layer stacks
         (``Net.kernels_of``: ece408 runs every stage's fashion kernels)."""
-        from ..model.nets import get_net
-
         return net in self.nets or get_net(net).kernels_of in self.nets
 
 

@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Callable
 from importlib import metadata
 
+from .. import __version__
 from ..launch import device
 
 PACKAGES = ("numpy", "numba", "numba-cuda", "cupy", "labkit")
@@ -27,9 +28,7 @@ _CUPY = ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x")
 
 def _version(name: str) -> str | None:
     if name == "labkit":
-        import labkit
-
-        return getattr(labkit, "__version__", None)
+        return __version__
     names = _CUPY if name == "cupy" else (name,)
     for n in names:
         try:

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import data, reference
 from ..core import graphs, whole
-from ..launch import simulator
-from ..course import tasks
-from ..launch.cudacpu import LABEL as CUDA_C_LABEL
 from ..core.cases import answer, kept_from_earlier, layer_case, network_case, weighted
 from ..core.check import CheckResult, compare
 from ..core.engine import NanCauses
+from ..course import tasks
+from ..ladder import tune
+from ..launch import simulator
+from ..launch.cudacpu import LABEL as CUDA_C_LABEL
+from ..model import data, reference
 from ..model.nets import get_net
 from . import environment, hints, isolation, sandbox, scoring
 from . import protocol as P
@@ -33,7 +34,6 @@ from .plan import References, StagePlan
 from .protocol import read_array
 from .scoring import JobOutcome
 from .turns import WHOLE, Running, Turns
-
 
 #: how far a timed pass's class probability may be from the float64 reference's (float32 sums differ by ~1e-6)
 PROBABILITY_TOL = 1e-3
@@ -158,8 +158,6 @@ def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
 def _tuning_copy(folder: Path) -> str:
     """A copy of the tuning choices this grader reads (``results/tuning.json``), for the child to read the same:
     a tuned variant then runs the kernels the student's notebook picks, not a fallback ("" when there are none)."""
-    from ..ladder import tune
-
     if not tune.STORE.is_file():
         return ""
     shutil.copyfile(tune.STORE, folder / "tuning.json")

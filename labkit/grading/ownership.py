@@ -15,6 +15,7 @@ Runs in the grader's child, on the student's code. Three parts:
   of the student's (or given) kernels must run.
 """
 
+from .. import old_name
 from __future__ import annotations
 
 import ast
@@ -27,6 +28,11 @@ import sys
 import types
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+
+from ..course import nbcells
+from ..launch import gpu as kit_gpu
+from ..model.layers import impl_for, kernel_layers
+from ..model.nets import get_net
 
 _setprofile, _getprofile = sys.setprofile, sys.getprofile  # bound before any student code exists
 
@@ -59,16 +65,11 @@ def _in_family(modname: str, families: Iterable[str]) -> bool:
     return any(modname == f or modname.startswith(f + ".") for f in families)
 
 
-#: labkit's modules in LABKIT_MODULES and the engine by the names a student writes (``lk.reference``)
-_OLD_NAMES = {"labkit.model.reference": "labkit.reference", "labkit.ladder.cudnn": "labkit.cudnn",
-              "labkit.core.engine": "labkit.engine"}
-
-
 def _public(modname: str) -> str:
     """``numpy.linalg._linalg`` -> ``numpy.linalg``, ``labkit.model.reference`` -> ``labkit.reference``: the name a
     student would write."""
-    if modname in _OLD_NAMES:
-        return _OLD_NAMES[modname]
+    if modname.startswith("labkit."):
+        return old_name(modname)
     parts = modname.split(".")
     while len(parts) > 1 and parts[-1].startswith("_"):
         parts.pop()
@@ -170,7 +171,6 @@ def load_cells(path: str, record: set, trees: dict | None = None, define: tuple[
     import re
     from pathlib import Path
 
-    from ..course import nbcells
 
     path = Path(path)
     cells = nbcells.tagged_cells(nbcells._read_quick(path) or nbcells.read(path), define=define)
@@ -238,9 +238,6 @@ def _cell_contents(fn: types.FunctionType) -> list:
 def conv_roots(variant, kinds=("conv",)) -> list[tuple[str, object]]:
     """(label, function) of every conv function of a variant (or of every layer of ``kinds``: the stage's own work,
     ``checks.own_layers``), one per function: ("conv1, conv2 (variant 'x')", fn)."""
-    from ..model.layers import impl_for, kernel_layers
-    from ..model.nets import get_net
-
     by_fn: dict[int, tuple[list[str], object]] = {}
     for net_name in variant.nets:
         for layer in kernel_layers(get_net(net_name)):
@@ -583,7 +580,6 @@ def install_launch_hook(tracer_ref: list, on_launch=None) -> list[tuple[type, st
         installed.append((cls, "call", gpu_call))
     # CUDA C (``lk.gpu.launch_raw``): a cupy RawKernel has no Python function, so the launch counts for the function
     # that asked for it, the host code of the notebook (own, given or the kit's) that holds the kernel's source
-    from labkit.launch import gpu as kit_gpu
 
     orig_raw = kit_gpu.launch_raw
 

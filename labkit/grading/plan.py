@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from ..core import check
-from ..model import data, reference
-from ..course import nbcells, tasks
-from ..launch import simulator
-from ..model.nets import Net, get_net
-from ..course.stages import STAGES, Stage
-from ..model.weights_io import load_c_study_weights, load_weights, random_weights
 from ..core.workloads import Workload, workload
+from ..course import nbcells, tasks
+from ..course.stages import STAGES, Stage
+from ..launch import simulator
+from ..model import data, reference
+from ..model.nets import Net, get_net
+from ..model.weights_io import load_c_study_weights, load_weights, random_weights
 from .protocol import VariantSpec
 from .rubric import GradeError, Rubric
 from .sandbox import WORKER, child_env

@@ -10,36 +10,37 @@ same inputs for the same run seed, so the merged report of a cluster run equals 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
-from ..launch import device
 from .. import outputs
 from ..course.stages import STAGES, label, solutions_folder
-from . import environment, isolation, phases, refcache, scoring
-from .cores import Cores
+from ..launch import device
 from . import cluster as dask_cluster
-from .context import (Context, fresh_seed, grade_task, grader_error_row, job_seed, missing_row,  # noqa: F401
-                      sandbox_refusal, simulator_if_no_driver)
+from . import environment, isolation, phases, refcache
+from .context import (  # noqa: F401
+    Context,
+    fresh_seed,
+    grade_task,
+    grader_error_row,
+    job_seed,
+    missing_row,
+    sandbox_refusal,
+    simulator_if_no_driver,
+)
+from .cores import Cores
 from .job import Job, ReferenceTiming, probe, reference_job  # noqa: F401 - run.reference_job, as before
-from .plan import References, StagePlan, plan_stage
 from .reports import merge_reports, write_reports
-from .rubric import GradeError, Rubric, load_rubric
+from .rubric import GradeError, load_rubric
 from .sandbox import memory_guard_text
-from .sandbox import linger_long as sandbox_linger
 from .submissions import Submission, find_submissions, select_stages
-from .turns import Turns
+from .turns import Turns  # noqa: F401 - run.Turns, as before
 from .turns import merged as merged_turns
-
 
 # ------------------------------------------------------------------------------------------------ GPUs
 

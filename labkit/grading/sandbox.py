@@ -15,7 +15,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import time

@@ -9,9 +9,9 @@ what the student's code got wrong).
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 from pathlib import Path
-import math
 from statistics import median
 
 import numpy as np

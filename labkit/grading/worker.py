@@ -50,9 +50,9 @@ _threads = threading.enumerate
 
 import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
 
-from ..core import counts, engine
-from ..launch import device, freed, gpu, simcheck, simulator
-from ..course import nbcells, stages
+from ..core import counts, engine, whole  # noqa: E402
+from ..course import nbcells, stages  # noqa: E402,F401
+from ..launch import device, freed, gpu, simcheck, simulator, streams  # noqa: E402,F401
 from ..ladder import tune  # noqa: E402,F401
 # (counts and tune imported now, before the snapshot: a class of a module first imported by a student's cell would
 # be outside it, and its patch unseen)
@@ -64,14 +64,15 @@ _cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
 _cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
 
 from ..core.check import check_technique, origin, weighted  # noqa: E402
+from ..core.workloads import Workload  # noqa: E402
+from ..course.stages import STAGES, Variant  # noqa: E402
 from ..model.layers import impl_for, kernel_layers  # noqa: E402
 from ..model.nets import Layer, Net, get_net  # noqa: E402
-from ..course.stages import STAGES, Variant  # noqa: E402
-
-STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
 from . import environment, ownership  # noqa: E402
 from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
+
+STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
 
 
 def quiet_samples(n: int = 8, burst: int = 32) -> dict:
@@ -397,10 +398,6 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
     graph: ``fn(variant, wl, lane)`` makes a call (a fresh one, or the task's last one replayed again), whose
     probabilities on the host come back; pipeline: ``fn`` classifies the bytes over lanes (``labkit.whole``), and
     the classes come back as it left them when it returned."""
-    from ..launch import streams
-    from ..core import whole
-    from ..core.workloads import Workload
-
     net, w, variant = ctx.nets[spec.net], ctx.weights(spec.weights), _given(spec.variant)
     if spec.check == "graph":
         if spec.fresh_call or spec.task not in made:

@@ -8,9 +8,8 @@ versions and the device's ceilings), a CSV summary, and plots (ladder, per-layer
 
 from __future__ import annotations
 
-import dataclasses
-
 import csv
+import dataclasses
 import datetime as dt
 import importlib.util
 import json
@@ -26,18 +25,23 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from . import bench_whole, ceilings, cudnn, unfinished
-from ..launch import device, gpu
-from ..model import reference
-from ..course import stages
-from ..ops import tensor_cores
+from .. import __version__
 from ..core.check import check_variant
 from ..core.engine import run
-from ..measuring.ledger import Ledger, repo_root
-from ..course.nbcells import NotebookError, notebook_name
-from ..measuring.report import RunReport
-from ..model.weights_io import NOT_SHIPPED, course_weights
 from ..core.workloads import workload
+from ..course import stages
+from ..course.nbcells import NotebookError, notebook_name, read, source_of, tagged_cells
+from ..launch import device, gpu
+from ..measuring.ledger import Ledger, repo_root
+from ..measuring.report import RunReport
+from ..model import nets as nets_mod
+from ..model import reference
+from ..model.data import DataError, check_fits
+from ..model.nets import get_net, net_cost
+from ..model.weights_io import NOT_SHIPPED, course_weights, random_weights
+from ..ops import tensor_cores
+from ..outputs import OutputError, contents, listed, writable_folder, write_or_fallback
+from . import bench_whole, ceilings, cudnn, plots, unfinished
 
 REFERENCE_STAGE = stages.REFERENCE_LABEL
 
@@ -63,10 +67,6 @@ def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tu
              notebooks: Path, random_weights: bool = False) -> list[str] | None:
     """Check what was asked before anything runs: known stages that have a notebook with VARIANTS, known nets,
     image counts that fit in memory, and a device that can run GPU code (a GPU, or the simulator)."""
-    from ..model import nets as nets_mod
-    from ..model.data import DataError, check_fits
-    from ..course.nbcells import tagged_cells
-
     numbers = [n.zfill(2) for n in stage_numbers] if stage_numbers else None
     timed = {p.name[:2]: p for p in _stage_paths(Path(notebooks), None)
              if p.name[:2] in stages.STAGES and any("VARIANTS" in src for _, src in _cells(p, tagged_cells))}
@@ -101,8 +101,6 @@ def validate(stage_numbers: list[str] | None, nets: list[str] | None, images: tu
 
 
 def _cells(path: Path, tagged_cells) -> list:
-    from ..course.nbcells import NotebookError, read
-
     try:
         return tagged_cells(read(path))
     except NotebookError:
@@ -112,8 +110,6 @@ def _cells(path: Path, tagged_cells) -> list:
 def _stage_paths(notebooks: Path, selected: list[str] | None) -> list[Path]:
     """The folder's notebooks to run, in order: a notebook whose source lies beside it (a solution's NN_topic.py,
     ``labkit.nbcells``) as that source, the others as they are."""
-    from ..course.nbcells import source_of
-
     paths = [source_of(p) if source_of(p).is_file() else p for p in sorted(notebooks.glob("*.ipynb"))]
     if selected:
         paths = [p for p in paths if p.name[:2] in selected]
@@ -134,8 +130,6 @@ def prepare_out(out: Path | None, force: bool = False, append: bool = False) -> 
     """Check the output folder before the ladder runs: it can be created or written, and it holds no results
     unless asked: ``force`` removes the earlier run's files (``OUTPUT_FILES`` and plots; nothing else), ``append``
     adds this run's rows to them, only when they are this device's. Returns the folder."""
-    from ..outputs import OutputError, contents, listed, writable_folder
-
     out = Path(out or default_out())
     try:
         writable_folder(out, "--out")
@@ -191,8 +185,6 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
     ``UNFINISHED`` file (``labkit.unfinished``) from the start until bench.json is written, so a run that is cut
     off (its ledger holds the rows measured so far) is never read as a finished one.
     """
-    from ..model.nets import get_net
-
     def sizes(net: str) -> tuple[int, ...]:
         return tuple(images) if images else get_net(net).workloads
 
@@ -324,8 +316,6 @@ def bench(stage_numbers: list[str] | None = None, nets: list[str] | None = None,
 def stand_in_weights(net: str) -> dict | None:
     """Seeded random weights for a net the kit neither ships nor finds weights of (None where it has them): the
     workload's note says so, as every row and the summary repeat it."""
-    from ..model.weights_io import random_weights
-
     if net not in NOT_SHIPPED or course_weights(net) is not None:
         return None
     return random_weights(net, seed=0)
@@ -375,8 +365,6 @@ def _slow_kind(variant) -> str | None:
 
 def _gflop(net: str, images: int) -> float:
     """The forward pass's work on ``images`` images, from the spec (a multiply-add counts 2)."""
-    from ..model.nets import get_net, net_cost
-
     return sum(c.flops for c in net_cost(get_net(net), images).values()) / 1e9
 
 
@@ -425,7 +413,6 @@ CUDNN_WHOLE_CALL = "torch forward (launches + output copy to host)"
 def versions() -> dict:
     """Library versions a timing depends on; absent libraries are left out."""
     out = {"python": platform.python_version()}
-    from .. import __version__
 
     out["labkit"] = __version__  # the package's own, not an installed copy's metadata
     for dist in ("numpy", "numba", "numba-cuda"):
@@ -513,8 +500,6 @@ def _latest(reports: list[RunReport], labels: list[str], device_label: str) -> l
 
 def _plots(out: Path, rows: list[dict], meta: dict) -> None:
     """Ladder, per-layer bars and roofline of every (net, images) with timed rows; a failure costs one plot."""
-    from . import plots
-
     roof = ceilings.Ceilings(**meta["ceilings"]) if meta["ceilings"] else None
     for net, n in sorted({(r["net"], r["images"]) for r in rows if "total_s" in r}):
         reports = Ledger(out / "ledger.jsonl").reports(net=net, images=n)
@@ -569,8 +554,6 @@ def _appended(out: Path, rows: list[dict], meta: dict) -> list[dict]:
 def _write(out: Path, rows: list[dict], command: str, append: bool = False) -> Path:
     """bench.json, bench.csv, summary.md and the plots; a folder that fails now (removed, full) gets them written
     to a fallback folder, named, with a copy of the ledger: the measured rows are never lost."""
-    from ..outputs import write_or_fallback
-
     label = device.label()
     meta = {"device": label, "simulated": device.info().simulated, "date": dt.datetime.now(
         dt.timezone.utc).isoformat(timespec="seconds"), "command": command, "python": platform.python_version(),
@@ -623,8 +606,6 @@ def rows_from_ledgers(paths: list[Path]) -> list[dict]:
 
 def summarize(paths: list[Path], out: Path, command: str) -> list[dict]:
     """Table, CSV and plots of the runs recorded in ``paths`` (one device), written under ``out``."""
-    from . import plots
-
     rows = sorted(rows_from_ledgers(paths), key=lambda r: (r["net"], r["images"]))
     out.mkdir(parents=True, exist_ok=True)
     reports = [rep for path in paths for rep in Ledger(path).reports()]

@@ -19,12 +19,12 @@ import statistics
 
 import numpy as np
 
-from . import ceilings
-from ..model import data, reference
-from ..launch import device, gpu, simulator, streams
 from ..core import engine, graphs, upload, whole
-from ..model.nets import net_cost
+from ..launch import device, gpu, simulator, streams
 from ..measuring.timing import Clock
+from ..model import data, reference
+from ..model.nets import net_cost
+from . import ceilings
 
 WHOLE_CALL_ENGINE = "engine.forward (launches + output download)"
 WHOLE_CALL_GRAPH = "CUDA graph replay + output download"

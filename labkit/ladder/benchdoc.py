@@ -13,9 +13,10 @@ import re
 import shutil
 from pathlib import Path
 
-from . import unfinished
-from ..measuring.ledger import repo_root
 from ..course.stages import REFERENCE_LABEL
+from ..measuring.ledger import repo_root
+from ..model.nets import get_net, layer_cost
+from . import unfinished
 
 PLOTS = ("ladder", "layers", "roofline")
 _ABSOLUTE = re.compile(r"(?<![\w.~$/…-])/[^\s/`'\"|)\]]+(?:/[^\s/`'\"|)\]]+)*/?")
@@ -194,8 +195,6 @@ def _conv_rates(row: dict) -> tuple[float | None, float | None]:
     gf, gb = row.get("conv_gflops"), row.get("conv_gbs")
     if gf is not None and gb is None and row.get("conv_s"):
         try:
-            from ..model.nets import get_net, layer_cost
-
             spec = get_net(row["net"])
             data = sum(layer_cost(spec, layer.name, row["images"]).bytes for layer in spec.layers
                        if layer.kind == "conv" and layer.name in row.get("layer_seconds", {}))

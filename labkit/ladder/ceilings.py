@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..launch import device
 from ..measuring.ledger import repo_root
+from ..measuring.timing import measure as timed
+from . import measured
 
 STORE = repo_root() / "results" / "ceilings.json"
 
@@ -58,8 +61,6 @@ def measure(save: bool = False, repeat: int = 20) -> Ceilings:
     """Measure this GPU's ceilings (median of ``repeat`` timed runs after a warm-up, CUDA events)."""
     from numba import cuda, float32
 
-    from ..launch import device
-    from ..measuring.timing import measure as timed
 
     if device.info().kind != "gpu":
         raise RuntimeError("ceilings can only be measured on a real GPU")
@@ -117,9 +118,6 @@ def describe(c: Ceilings | None) -> str:
 
 def current() -> Ceilings | None:
     """This GPU's ceilings; on a machine without one, those of the GPU the kit's newest committed results ran on."""
-    from ..launch import device
-    from . import measured
-
     if device.info().kind == "gpu":
         return for_device(device.label())
     res = measured.latest()

@@ -11,10 +11,11 @@ from statistics import median
 
 import numpy as np
 
-from ..launch import device
-from ..model import reference
-from ..measuring.report import RunReport
 from ..core.workloads import Workload
+from ..launch import device
+from ..measuring.report import RunReport
+from ..measuring.timing import Clock
+from ..model import reference
 
 
 def available() -> bool:
@@ -98,7 +99,6 @@ def whole_call(wl: Workload, repeat: int = 10, warmup: int = 3,
     probabilities to the host. ``budget_s``: no further call once the timed ones add up to this (at least one)."""
     import torch
 
-    from ..measuring.timing import Clock
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -14,10 +14,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import unfinished
+from ..course.stages import REFERENCE_LABEL, order_key, speedup_baseline
 from ..measuring.ledger import Ledger, repo_root
 from ..measuring.report import RunReport
-from ..course.stages import REFERENCE_LABEL, order_key, speedup_baseline
+from ..model.nets import get_net
+from . import unfinished
 
 RESULTS = repo_root() / "results"
 
@@ -193,8 +194,6 @@ def readme_block(root: Path = RESULTS) -> str:
     """The README's "measured so far" block: the fastest run of every stage on each net's default workload, each
     stage (and each baseline) from the newest committed results that hold it, with the folders named. Rendered,
     never typed."""
-    from ..model.nets import get_net
-
     found = all_results(root)
     if not found:
         body = "No GPU results are committed yet: `labkit bench` on a GPU machine makes them (docs/gpu.md)."

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..measuring.report import RunReport
 from ..course.stages import order_key, speedup_baseline
+from ..measuring.report import RunReport
 
 
 def _figure(ax, figsize=(8, 4)):

@@ -23,9 +23,11 @@ import numpy as np
 
 from ..core import check, engine
 from ..launch import device, gpu, simulator
-from ..model import layers
 from ..measuring.ledger import repo_root
+from ..measuring.timing import Clock
+from ..model import layers
 from ..model.nets import Net, get_net
+from .plots import _figure
 
 STORE = repo_root() / "results" / "tuning.json"
 
@@ -108,8 +110,6 @@ def _inputs(spec: Net, group: tuple, batch: int, rng) -> tuple:
 
 
 def _time(c: Candidate, group: tuple, inputs: tuple, repeat: int) -> list[float]:
-    from ..measuring.timing import Clock
-
     conv = group[0]
     xd, wd, out_shape = inputs
     out = gpu.buffer(f"tune {conv.name}", out_shape)
@@ -245,8 +245,6 @@ def _save(t: Tuning) -> None:
 
 def plot(t: Tuning, ax=None):
     """Median time of every passing candidate, one group per layer (log scale): the spread the choice came from."""
-    from .plots import _figure
-
     fig, ax = _figure(ax, figsize=(9, 4))
     timed = [tr for tr in t.trials if tr.median is not None]
     if not timed:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import stream_order, streams
 from ..model.layers import OUT_AT
+from . import cudacpu, device, stream_order, streams
 
 #: the line tools/make_student.py leaves where a solution was: the launch layer refuses a kernel that still has it
 STUB_MARK = "replace this line with your code"
@@ -136,8 +136,6 @@ def raw_module(code: str, options: tuple = ()):
     if STUB_MARK in code:
         raise NotImplementedError(f"the CUDA C source: {STUB_MARK}")
     if cuda_c_on_cpu():
-        from . import cudacpu
-
         _emulated[0] += 1
         return cudacpu.Module(code, tuple(options))
     import cupy
@@ -173,16 +171,12 @@ def multiprocessors() -> int:
 def cuda_c_on_cpu() -> bool:
     """Whether CUDA C runs on the CPU emulation here: wherever there is no GPU (numba's simulator runs the rest). A
     GPU machine runs it through cupy only, so that no CPU time is ever taken for a GPU timing."""
-    from . import device
-
     return device.info().kind != "gpu"
 
 
 def upload_constant(module, name: str, array) -> None:
     """Copy ``array`` (host or device, float32) into the ``__constant__`` variable ``name`` of ``module`` (a cupy
     RawModule or a CPU one): one copy, as ``cudaMemcpyToSymbol``."""
-    from . import cudacpu
-
     symbol = module.get_global(name)
     if isinstance(symbol, cudacpu.Global):  # the CPU emulation: host memory either way
         host = getattr(array, "_ary", None)  # numba's simulator: the numpy array itself, no copy
@@ -385,8 +379,6 @@ def as_host(a) -> np.ndarray:
 def synchronize() -> None:
     """Wait for all queued GPU work (numba, and cupy if loaded), every lane's included; without a GPU only the
     simulator's pending lane copies to deliver (``lk.streams``)."""
-    from . import device
-
     streams.synchronize_all()
     if device.info().kind != "gpu":
         return
@@ -452,8 +444,6 @@ def poison(array) -> None:
 
 def free_memory() -> int | None:
     """Free GPU memory in bytes, or None without a GPU."""
-    from . import device
-
     if device.info().kind != "gpu":
         return None
     from numba import cuda

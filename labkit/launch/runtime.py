@@ -17,6 +17,9 @@ from __future__ import annotations
 import os
 import warnings
 
+from . import simulator
+from .device import simulator_requested, use_simulator_if_no_gpu
+
 _applied = False
 
 
@@ -26,7 +29,6 @@ def apply() -> None:
     if _applied:
         return
     _applied = True
-    from .device import use_simulator_if_no_gpu
 
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() != "0":
         use_simulator_if_no_gpu()
@@ -36,8 +38,6 @@ def apply() -> None:
     warnings.simplefilter("ignore", NumbaPerformanceWarning)
     warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-utilization")
     warnings.filterwarnings("once", message=r"(?s).*parallel=True")
-    from . import simulator
-    from .device import simulator_requested
 
     if simulator_requested():
         simulator.be_polite()

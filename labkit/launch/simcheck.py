@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import simulator
+
 MAX_REPORTED = 3  # conflicts described per launch
 
 
@@ -395,8 +397,6 @@ def watching(log: bool = False):
     """Record and judge every simulated launch made inside the block: ``with watching() as w: ...`` then
     ``w.conflicts`` (launches with races) and ``w.totals()`` (loads and stores); ``log=True`` also keeps every
     access (``Launch.accesses``). Does nothing on a real GPU."""
-    from . import simulator
-
     watch = Watch(log=log)
     if not simulator.active():
         yield watch

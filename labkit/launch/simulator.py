@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from ..model.nets import Layer, Net, get_net
+from .device import info
 
 #: the widest tile any of the kit's kernels covers on the simulator along one extent of a map or of the maps: stage 05's
 #: 16 x 16 output tiles (07's and 08's matmul tiles are 8 x 8 there, the 1-D launches' blocks cover flat indices).
@@ -62,8 +63,6 @@ MALLOC_ARENAS = 2
 
 def active() -> bool:
     """True when numba.cuda is the simulator in this process."""
-    from .device import info
-
     return info().simulated
 
 

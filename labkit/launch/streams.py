@@ -40,7 +40,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 from numba import cuda
 
-from . import stream_order
+from . import device, simulator, stream_order
 
 _ids = itertools.count()
 _local = threading.local()
@@ -126,8 +126,6 @@ def _cupy_stream():
 
 
 def _cupy_streams() -> bool:
-    from . import device
-
     return device.info().kind == "gpu" and bool(device.info().cupy)
 
 
@@ -140,8 +138,6 @@ def pinned(shape, dtype=np.float32) -> np.ndarray:
     """A host array in pinned (page-locked) memory (``cuda.pinned_array``): copies from and to it on a lane are
     truly asynchronous, so they overlap other lanes' kernels. Its contents start undefined. On the simulator a
     numpy array (``SimulatedPinned``; there is nothing to overlap)."""
-    from . import simulator
-
     if simulator.active():
         return np.empty(shape, dtype).view(SimulatedPinned)
     return cuda.pinned_array(shape, dtype)
@@ -154,8 +150,6 @@ def copy_to_host(lane: Lane, device_array, out):
     """``device_array`` into ``out`` asynchronously on ``lane`` (lk.gpu.to_host inside ``with lane:``). On the
     simulator, into pinned memory (``pinned``), the values are taken now and written into ``out`` at
     ``lane.synchronize()``; into pageable memory at once (a GPU's copy into pageable memory is done on return)."""
-    from . import simulator
-
     if simulator.active() and isinstance(out, SimulatedPinned):
         values = device_array.copy_to_host()
         if np.shape(out) != values.shape:

@@ -19,6 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core import engine
+from ..core.cases import Case
+from ..core.counts import _notebook_for, _path_of, _resolve
+from ..course import nbcells
+from ..launch import simcheck, simulator
+from ..model import reference
+from ..model.layers import groups, kernel_layers
+from ..model.nets import get_net
+
 ROLES = ("input", "weights", "bias", "buffer", "output")
 COLUMNS = ("array", "flat", "bx", "by", "bz", "tx", "ty", "tz", "epoch", "store", "atomic")
 
@@ -180,12 +189,6 @@ def small_case(net: str = "cifar10", layer: str = "conv2", *, fuse: tuple[str, .
     """One image of ``layer`` with ``channels`` input channels, ``maps`` output maps and a ``size`` image (default:
     the simulator's shrunk size), fresh weights from ``seed``; ``fuse`` adds the activation and pooling after it
     (a fused group, as ``Variant.fuse`` hands them over). Returns a ``labkit.check.Case``."""
-    from ..model import reference
-    from ..launch import simulator
-    from ..core.cases import Case
-    from ..model.layers import groups, kernel_layers
-    from ..model.nets import get_net
-
     spec = get_net(net)
     conv = spec.layer(layer)
     if conv.kind != "conv":
@@ -262,9 +265,6 @@ def _launch_of(sim_launch, sizes: dict) -> Launch:
 
 def record_here(fn, case, arrays: str = "device", name: str = "") -> Recording:
     """Call ``fn`` on ``case`` under the simulator and keep every access of every launch it makes."""
-    from ..core import engine
-    from ..launch import simcheck, simulator
-
     if not simulator.active():
         raise RuntimeError("recording accesses needs the CUDA simulator (labkit.access.record runs it in a child "
                            "process on a GPU machine)")
@@ -293,11 +293,8 @@ def record(fn, case_args: dict, arrays: str = "device", name: str = "", stage: s
     """``record_here`` on ``small_case(**case_args)``: in this process on the simulator, else in a child process
     under the simulator that loads ``stage``'s notebook (as saved; the kit's solution when there is none) and finds
     ``fn`` by the name ``namespace`` (the notebook's) binds it to."""
-    from ..launch import simulator
-
     if simulator.active():
         return record_here(fn, small_case(**case_args), arrays, name)
-    from ..core.counts import _notebook_for, _path_of
 
     if stage is None:
         raise ValueError("on a GPU machine lk.show records in a child process on the simulator: say which stage's "
@@ -320,9 +317,6 @@ def _in_child(job: dict) -> Recording:
 
 def _main() -> int:
     """Child: load the notebook's kernel cells under the simulator, record the named function on the case."""
-    from ..course import nbcells
-    from ..core.counts import _resolve
-
     job = json.loads(sys.stdin.read())
     fn = _resolve(nbcells.load(job["notebook"]), job["function"])
     case_args = dict(job["case"])

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..model import data
-from ..launch import device
-from ..ladder import measured, plots
-from ..core.check import check_variant
+from ..core import engine
+from ..core.check import check_variant, given_summary
 from ..core.engine import NetRun, run
-from ..measuring.ledger import Ledger
-from ..course.stages import STAGES, Variant
 from ..core.workloads import Workload
+from ..course.stages import STAGES, Variant, order_key
+from ..ladder import ceilings, measured, plots
+from ..launch import device, gpu
+from ..measuring.ledger import Ledger
+from ..model import data
+from ..model.nets import base_name, get_net
 
 
 def hello(stage: str) -> None:
@@ -68,8 +70,6 @@ def check(variants: dict[str, Variant], net: str | None = None) -> Checked:
     notebook's own functions get one line per check; the given code (earlier stages' solutions, the kit's layers)
     one line in all at the end, unless a check of it fails. A function several variants share is checked once; a
     variant with the same functions and launch pattern as an earlier one is not checked again."""
-    from ..core.check import given_summary
-
     checked = Checked()
     seen: dict = {}
     done: dict = {}
@@ -149,8 +149,6 @@ def ladder(stage: str, net: str = "cifar10", images: int | None = None, runs: di
 
 def _best_of_earlier(reports, stage: str) -> list:
     """This stage's runs, the fastest run of every other stage (per net and image count), and the baselines."""
-    from ..course.stages import order_key
-
     best: dict = {}
     keep = []
     for rep in reports:
@@ -166,8 +164,6 @@ def _best_of_earlier(reports, stage: str) -> list:
 
 def _images_of(res: measured.Results, stage: str, net: str) -> int | None:
     """The image count to show committed runs at: the net's default workload if the stage ran it, else the largest."""
-    from ..model.nets import get_net
-
     counts = {r.images for r in res.runs(stage, net)}
     default = get_net(net).default_images
     return default if default in counts else max(counts, default=None)
@@ -186,8 +182,6 @@ def roofline(stage: str, runs: dict[str, NetRun] | None = None, net: str = "cifa
              ax=None):
     """Conv layers of this stage's runs on the device's roofline: this machine's runs on a GPU, else the kit's
     committed GPU runs of the stage."""
-    from ..ladder import ceilings
-
     if runs and not any(r.report.simulated for r in runs.values()):
         reports = [r.report for r in runs.values()]
         roof = ceilings.for_device(reports[0].device)
@@ -263,9 +257,6 @@ def parallel_diagnostics(fn, level: int = 1) -> None:
 def counts(variant: Variant, wl: Workload):
     """The launches and copies of one forward pass of ``variant`` on ``wl`` (after its one-time upload), counted
     by ``labkit.gpu`` as they happen."""
-    from ..core import engine
-    from ..launch import gpu
-
     prepared = engine.prepare(wl.net, variant, wl.x, wl.weights)
     with gpu.counting() as c:
         engine.forward(wl.net, variant, prepared)
@@ -277,7 +268,6 @@ def raw_images(wl: Workload):
     workload (repeated as the workload repeats them), synthetic bytes for a simulated or synthetic one."""
     import numpy as np
 
-    from ..model.nets import base_name
 
     n, (c, h, w) = wl.images, wl.net.input_shape
     if wl.synthetic or wl.net.dataset != "cifar10":

@@ -14,6 +14,10 @@ import sys
 
 import numpy as np
 
+from ..core.counts import _path_of
+from ..course.stages import Variant, from_stage
+from ..model.layers import impl_for
+from ..model.nets import get_net
 from . import access, draw
 
 
@@ -85,12 +89,7 @@ def _shown(fig):
 
 
 def _target(fn, layer, fuse, arrays, stage) -> dict:
-    from ..model.layers import impl_for
-    from ..course.stages import Variant
-
     if isinstance(fn, Variant):
-        from ..model.nets import get_net
-
         spec = get_net(fn.nets[0]).layer(layer) if fn.nets else None
         impl = impl_for(fn.impls, spec) if spec is not None else fn.impls.get("conv")
         if impl is None:
@@ -116,11 +115,6 @@ def _case_args(net, layer, fuse, channels, maps, size, seed) -> dict:
 def _spec_for(target: dict, layer: str, namespace: dict):
     """The kit's solution of the same thing: the stage's variant of the same name, or the function the notebook
     binds to the same name."""
-    from ..core.counts import _path_of
-    from ..model.layers import impl_for
-    from ..model.nets import get_net
-    from ..course.stages import from_stage
-
     if target["stage"] is None:
         raise ValueError("spec=True needs to know the stage whose solution is the spec: pass stage='05' or a "
                          "Variant")

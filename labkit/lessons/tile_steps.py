@@ -17,9 +17,10 @@ import re
 
 import numpy as np
 
-from ..launch import gpu
 from ..core.check import CheckResult, compare
 from ..course.stages import STUB_MARK, unavailable
+from ..launch import gpu
+from ..launch.cudacpu import LABEL
 
 #: (step, function) in the order a student writes them; sum_channels calls the two before it
 STEPS = (("a", "load_window"), ("b", "add_channel"), ("c", "stage_weights"), ("c", "sum_channels"),
@@ -312,8 +313,6 @@ def check(source: str, seed: int | None = None, quiet: bool = False) -> list[Che
             result = _run(label, CHECKS[name], compiled, rng)
             result.seed = seed
             if gpu.emulated_launches() > before:
-                from ..launch.cudacpu import LABEL
-
                 result.emulated = LABEL
         if result.passed:
             passed.add(name)

@@ -15,6 +15,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .. import __version__
 from .report import RunReport
 
 
@@ -41,9 +42,7 @@ def _default_command() -> str:
 
 
 def _labkit_version() -> str:
-    from .. import __version__  # the one version: pyproject.toml reads it from there
-
-    return __version__
+    return __version__  # the one version: pyproject.toml reads it from there
 
 
 #: keys every line of a kit's ledger has (a file whose first line lacks one is not a ledger of the kit)

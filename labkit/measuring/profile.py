@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-
-from ..launch import device
+from ..launch import device, gpu
+from .timing import resolve_method, sync
 
 ACTIVITY_KINDS = ("kernel", "HtoD", "DtoH", "other")
 COPY_NAMES = {"HtoD": "[CUDA memcpy HtoD]", "DtoH": "[CUDA memcpy DtoH]"}
@@ -63,8 +63,6 @@ class Profiler:
     entries: list[_Entry] = field(default_factory=list)
 
     def __post_init__(self):
-        from .timing import resolve_method
-
         self.method = resolve_method(self.method)
         self.simulated = device.info().kind != "gpu"
 
@@ -88,8 +86,6 @@ class Profiler:
                 entry.events = (start, end)
                 self.entries.append(entry)
         else:
-            from .timing import sync
-
             sync()
             t0 = time.perf_counter()
             try:
@@ -101,8 +97,6 @@ class Profiler:
 
     def __enter__(self) -> Profiler:
         """Record every launch and copy made through ``labkit.gpu`` inside the ``with`` block."""
-        from ..launch import gpu
-
         self._recording = gpu.recording(self)
         self._recording.__enter__()
         return self

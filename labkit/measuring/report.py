@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from ..launch import device
+from ..launch.simulator import net as shrunk
+from ..model.nets import SCALED_SUFFIX, Net, base_name, get_net, layer_cost
 from .timing import resolve_method
 
 #: Labels of the kind totals in the cifar report, in the original study's order (tanh added for other specs).
@@ -20,13 +22,9 @@ KIND_LABELS = {"conv": "Conv", "relu": "ReLU", "tanh": "Tanh", "pool": "Pool", "
 
 def spec_of(net):
     """The spec a report was made with: a registered net, or the simulator's shrunk copy ("cifar10-mini")."""
-    from ..model.nets import SCALED_SUFFIX, Net, base_name, get_net
-
     if isinstance(net, Net):
         return net
     if net.endswith(SCALED_SUFFIX):
-        from ..launch.simulator import net as shrunk
-
         return shrunk(base_name(net))
     return get_net(net)
 
@@ -98,8 +96,6 @@ class RunReport:
 
     def throughput(self, net=None) -> dict[str, dict]:
         """Per layer: seconds, FLOPs, minimum bytes, GFLOP/s and GB/s (FLOPs and bytes from the spec)."""
-        from ..model.nets import layer_cost
-
         spec = spec_of(net if net is not None else self.net)
         rows = {}
         for name, (kind, secs) in self.layers(spec).items():

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..outputs import OutputError, writable_folder
 from .nets import Net, get_net
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
@@ -231,7 +232,6 @@ def fetch(name: str, root: str | Path | None = None, progress: bool = True,
         problem, _, todo = env_problem().partition(": ")
         raise DataError(f"{problem}, so there is nowhere to download {name} to: {todo}; or pass --root")
     root = Path(root) if root is not None else default_download_root()
-    from ..outputs import OutputError, writable_folder
 
     try:
         writable_folder(root, "the download folder")

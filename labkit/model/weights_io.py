@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .data import search_roots
 from .nets import Net, get_net
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"  # labkit/weights/
@@ -243,8 +244,6 @@ COURSE_WEIGHTS = {"ece408": "ece408-model/ece408-sp19-0002.params"}
 def course_weights(net: str) -> Path | None:
     """The course's weights file for ``net`` (``COURSE_WEIGHTS``) in the first data search root that has it
     (``labkit.data.search_roots``: $LABKIT_DATA, the repository's data/, the user cache), or None."""
-    from .data import search_roots
-
     rel = COURSE_WEIGHTS.get(net)
     if rel is None:
         return None

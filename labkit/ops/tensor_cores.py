@@ -50,10 +50,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import conv_banks
-from ..launch import gpu
-from ..model import layers
+from ..course import stages
+from ..launch import device, gpu
 from ..measuring.ledger import repo_root
+from ..model import layers
+from . import conv_banks
 
 R = 5
 
@@ -659,8 +660,6 @@ def save_choices(entries: list[dict], path: Path | None = None) -> dict:
 
 def stored(net: str, images: int) -> dict | None:
     """The recorded choice for ``net`` at ``images``: this device's when there is one, else the newest."""
-    from ..launch import device
-
     if not STORE.exists():
         return None
     entries = [e for e in json.loads(STORE.read_text())["entries"] if e["net"] == net and e["images"] == images]
@@ -676,8 +675,6 @@ def layers_on_tensor_cores(net: str, images: int) -> list[str]:
 def tuned(net: str, images: int) -> dict:
     """``{layer: conv}`` for the layers where the recorded run found a configuration faster than the direct kernel
     (the others are left to the caller's); nothing where CUDA C cannot run here (no GPU and no C++ compiler)."""
-    from ..course import stages
-
     kept = stored(net, images)
     if not kept or stages.unavailable(("cuda_c",)):
         return {}
