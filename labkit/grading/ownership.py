@@ -15,7 +15,6 @@ Runs in the grader's child, on the student's code. Three parts:
   of the student's (or given) kernels must run.
 """
 
-from .. import old_name
 from __future__ import annotations
 
 import ast
@@ -29,6 +28,7 @@ import types
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 
+from .. import old_name
 from ..course import nbcells
 from ..launch import gpu as kit_gpu
 from ..model.layers import impl_for, kernel_layers
