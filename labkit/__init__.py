@@ -10,69 +10,15 @@ launch`` all give the module ``labkit.launch.gpu`` itself (``MOVED``, the one ta
 submissions, tests and tools written against the old names keep working.
 """
 
-__version__ = "0.2.0"  # first: modules that record it import it while this package is still being imported
-
 import importlib
 import importlib.abc
 import importlib.util
 import sys
 
+from .about import MOVED, __version__, new_name, old_name  # noqa: F401 - lk.__version__, lk.old_name
 from .launch import runtime
 
 runtime.apply()  # thread and warning settings, before anything imports numba's thread pool
-
-#: every module that moved into a subpackage, by its old name: ``labkit.<old>`` is ``labkit.<new>``
-MOVED = {
-    # the model: specs, layers, the reference, data, weights
-    "nets": "model.nets", "layers": "model.layers", "reference": "model.reference", "data": "model.data",
-    "weights_io": "model.weights_io",
-    # the launch layer
-    "device": "launch.device", "runtime": "launch.runtime", "gpu": "launch.gpu", "streams": "launch.streams",
-    "stream_order": "launch.stream_order", "simulator": "launch.simulator", "simcheck": "launch.simcheck",
-    "freed": "launch.freed", "cudacpu": "launch.cudacpu",
-    # measuring one run
-    "timing": "measuring.timing", "report": "measuring.report", "ledger": "measuring.ledger",
-    "profile": "measuring.profile",
-    # the course
-    "stages": "course.stages", "tasks": "course.tasks", "nbcells": "course.nbcells", "given": "course.given",
-    "release": "course.release",
-    # the kit's own kernels
-    "kernels": "ops.kernels", "gemm": "ops.gemm", "gemm_cuda": "ops.gemm_cuda", "winograd": "ops.winograd",
-    "tensor_cores": "ops.tensor_cores", "conv_banks": "ops.conv_banks", "const_kernels": "ops.const_kernels",
-    # the engine and what runs on it
-    "engine": "core.engine", "check": "core.check", "workloads": "core.workloads", "whole": "core.whole",
-    "upload": "core.upload", "graphs": "core.graphs", "counts": "core.counts",
-    # the ladder and the committed results
-    "bench": "ladder.bench", "bench_whole": "ladder.bench_whole", "benchdoc": "ladder.benchdoc",
-    "ceilings": "ladder.ceilings", "cudnn": "ladder.cudnn", "measured": "ladder.measured", "plots": "ladder.plots",
-    "unfinished": "ladder.unfinished", "tune": "ladder.tune",
-    # the notebooks' helpers
-    "notebook": "lessons.notebook", "show": "lessons.show", "draw": "lessons.draw", "access": "lessons.access",
-    "tile_steps": "lessons.tile_steps",
-}
-
-
-def _new_name(fullname: str) -> str | None:
-    """``labkit.gpu`` -> ``labkit.launch.gpu``, ``labkit.cudacpu.compiler`` -> ``labkit.launch.cudacpu.compiler``."""
-    head, _, rest = fullname.partition(".")
-    if head != __name__ or not rest:
-        return None
-    first, _, tail = rest.partition(".")
-    if first not in MOVED:
-        return None
-    return f"{__name__}.{MOVED[first]}" + (f".{tail}" if tail else "")
-
-
-_OLD = {f"{__name__}.{new}": f"{__name__}.{old}" for old, new in MOVED.items()}
-
-
-def old_name(module: str) -> str:
-    """``labkit.core.counts`` -> ``labkit.counts``: a moved module (or a name inside it) as notebooks and submissions
-    know it; the grader's messages name what a student patched or called this way."""
-    for new, old in _OLD.items():
-        if module == new or module.startswith(new + "."):
-            return old + module[len(new):]
-    return module
 
 
 class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -80,14 +26,14 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     so a patch through either name is seen through both)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        return importlib.util.spec_from_loader(fullname, self) if _new_name(fullname) else None
+        return importlib.util.spec_from_loader(fullname, self) if new_name(fullname) else None
 
     def create_module(self, spec):
         return None
 
     def exec_module(self, module):
         # the import system hands back sys.modules[name] once this returns: the real module
-        sys.modules[module.__name__] = importlib.import_module(_new_name(module.__name__))
+        sys.modules[module.__name__] = importlib.import_module(new_name(module.__name__))
 
 
 if not any(isinstance(f, _OldNames) for f in sys.meta_path):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__, grading, outputs
+from . import grading, outputs
+from .about import __version__
 from .core import engine
 from .core.workloads import Workload
 from .course import release as release_mod

@@ -19,7 +19,7 @@ import subprocess
 from collections.abc import Callable
 from importlib import metadata
 
-from .. import __version__
+from ..about import __version__
 from ..launch import device
 
 PACKAGES = ("numpy", "numba", "numba-cuda", "cupy", "labkit")

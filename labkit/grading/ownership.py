@@ -28,7 +28,7 @@ import types
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 
-from .. import old_name
+from ..about import old_name
 from ..course import nbcells
 from ..launch import gpu as kit_gpu
 from ..model.layers import impl_for, kernel_layers

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import types
 
-from .. import old_name
+from ..about import old_name
 
 #: names that change without anyone patching anything: warnings' registry of a module
 IGNORED = frozenset({"__warningregistry__"})

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
-from .. import __version__
+from ..about import __version__
 from ..core.check import check_variant
 from ..core.engine import run
 from ..core.workloads import workload

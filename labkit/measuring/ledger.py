@@ -15,7 +15,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import __version__
+from ..about import __version__
 from .report import RunReport
 
 

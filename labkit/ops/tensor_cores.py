@@ -50,7 +50,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..course import stages
 from ..launch import device, gpu
 from ..measuring.ledger import repo_root
 from ..model import layers
@@ -676,7 +675,7 @@ def tuned(net: str, images: int) -> dict:
     """``{layer: conv}`` for the layers where the recorded run found a configuration faster than the direct kernel
     (the others are left to the caller's); nothing where CUDA C cannot run here (no GPU and no C++ compiler)."""
     kept = stored(net, images)
-    if not kept or stages.unavailable(("cuda_c",)):
+    if not kept or device.unavailable(("cuda_c",)):
         return {}
     out = {}
     for layer in layers_on_tensor_cores(net, images):
