@@ -255,11 +255,11 @@ def test_the_answers_computed_ahead_are_the_references_on_the_inputs_drawn(plan,
     import numpy as np
 
     from labkit import check, reference
-    from labkit.grading.job import Job
+    from labkit.grading.job import GradingJob
     from labkit.grading.plan import References
 
     plan.measured = False
-    job = Job(plan, References(), "s", plan.solution, 11, gpu=False)
+    job = GradingJob(plan, References(), "s", plan.solution, 11, gpu=False)
     job.build(tmp_path)
     assert job._ahead is not None and not [k for k in job._answers if k[0] == "pass"]
     layers = nets = 0
@@ -295,13 +295,13 @@ def test_on_a_gpu_the_technique_child_starts_beside_the_job_once_its_checks_pass
         return counted
 
     monkeypatch.setattr(grading_job.TechniqueJob, "run", slow)
-    reference = grading_job.Job(plan, None, "(reference solution)", plan.solution, 7, gpu=True)
+    reference = grading_job.GradingJob(plan, None, "(reference solution)", plan.solution, 7, gpu=True)
     reference.alone = True
     answers = []
     reference._on_checks_done(P.ChecksDone(), b"", answers.append)
     assert answers == [P.Answer.CONTINUE] and reference._counting is None  # a reference job counts after its child
 
-    job = grading_job.Job(plan, None, "s", plan.solution, 7, gpu=True)
+    job = grading_job.GradingJob(plan, None, "s", plan.solution, 7, gpu=True)
     job._on_checks_done(P.ChecksDone(), b"", answers.append)
     assert started.wait(5), "the technique child did not start once the checks passed"
     time.sleep(0.6)  # the job's own child goes on meanwhile (accuracy, timing, its technique phase)

@@ -18,7 +18,7 @@ import numpy as np
 from ..course.stages import STAGES
 from ..launch import device
 from . import isolation, refcache, scoring
-from .job import Job, ReferenceTiming, probe, reference_job
+from .job import GradingJob, ReferenceTiming, probe, reference_job
 from .plan import References, StagePlan, plan_stage
 from .rubric import Rubric
 from .sandbox import linger_long as sandbox_linger
@@ -144,7 +144,7 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     plan = ctx.plans[task["stage"]]
     if task["notebook"] is None:
         return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
-    job = Job(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
+    job = GradingJob(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
     job.env_extra = dict(env_extra or {})
     job.sandbox, job.turns = ctx.sandbox, ctx.turns
     if job.device in ctx.stuck:

@@ -252,7 +252,7 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     (the whole machine's turn: every other job stopped), scales the students' time limit. Where it scales nothing
     (``limits.time_factor = 0``) only its timed phase takes the device's turn, as a student's does, and the other
     jobs run beside the rest of it. A solution that does not pass is the grader's error."""
-    job = Job(plan, refs, "(reference solution)", plan.solution, seed, gpu)
+    job = GradingJob(plan, refs, "(reference solution)", plan.solution, seed, gpu)
     job.env_extra, job.sandbox, job.turns = dict(env_extra or {}), sandbox, turns
     job.alone = bool(plan.rubric["limits"]["time_factor"])
     job.time_limit = 2 * plan.time_limit  # the kit's own code: a busy machine must not make it the grader's error
@@ -344,8 +344,9 @@ def _classes_mismatch(got: np.ndarray | None, probs: np.ndarray) -> str | None:
                                                    if unwritten else ""))
 
 
-class Job:
-    """One (student, stage): build inputs, run the child, judge what comes back."""
+class GradingJob:
+    """One (student, stage) graded, the parent's side: build inputs, run the child, judge what comes back (the
+    child's side is ``worker.GradingChild``)."""
 
     def __init__(self, plan: StagePlan, refs: References, student: str, notebook: Path, seed: int, gpu: bool):
         self.plan, self.refs, self.student, self.notebook = plan, refs, student, notebook
@@ -849,8 +850,8 @@ class Job:
         return scoring.row(self.plan, self.student, self.notebook, self.seed, self.outcome)
 
 
-class TechniqueJob(Job):
-    """A job's technique part alone, in a child under the CUDA simulator (``Job._technique_counted``): the
+class TechniqueJob(GradingJob):
+    """A job's technique part alone, in a child under the CUDA simulator (``GradingJob._technique_counted``): the
     submission loaded as in any job, no checks, then the technique's load fractions."""
 
     def build(self, folder: Path) -> P.JobSpec:
@@ -870,7 +871,7 @@ class TechniqueJob(Job):
     def _on_accuracy_done(self, msg, payload, answer) -> None:
         answer(P.Answer.SKIP)  # no timing: the technique's count, which comes after it
 
-    HANDLERS = {**Job.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done}
+    HANDLERS = {**GradingJob.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done}
 
     @staticmethod
     def failure(o: JobOutcome) -> str:

@@ -415,15 +415,16 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
 PHASE_WORDS = {"load": "loading the notebook's kernel cells", "checks": "the checks", "tasks": "the tasks",
                "accuracy": "the accuracy runs", "timing": "timing", "technique": "the technique check"}
 
-#: the quiet device's probe (``Job.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
+#: the quiet device's probe (``GradingChild.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
 QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.10, 10.0
 
 
 # ------------------------------------------------------------------------------------------------- the job
 
 
-class Job:
-    """What every phase of a child's job reads: the job, its inputs, the channel, the snapshot, the tracer."""
+class GradingChild:
+    """One graded job, the child's side (the parent's is ``job.GradingJob``): what every phase reads, the job, its
+    inputs, the channel, the snapshot, the tracer."""
 
     def __init__(self, job: P.JobSpec, chan: _Channel, answers, info, snap: Snapshot, tracer_ref: list,
                  given_log: list):
@@ -567,7 +568,7 @@ class Job:
 class StudentPhases:
     """The student's part of a job, one method per phase; each returns whether the next one runs."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: GradingChild):
         self.ctx = job
         self.ns: dict = {}
         self.student: dict[str, Variant] = {}  # graded variant -> the student's functions, as the stage declares
@@ -880,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         hooked = [cls for cls, _, _ in ownership.install_launch_hook(tracer_ref, _last_launch_note())]
         given_log: list[str] = []
         _guard_from_stage(job.stage, given_log)
-        Job(job, chan, answers, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log).run()
+        GradingChild(job, chan, answers, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log).run()
         chan.send(P.Done())
     except BaseException as exc:  # noqa: BLE001 - the grader must hear about its worker's own failures
         try:
