@@ -366,7 +366,7 @@ def test_patching_labkit_and_the_clock_is_reported_as_tampering(graded):
     changed = r["details"]["tampered"]["what"]
     assert {"time.perf_counter", "labkit.timing.Clock", "labkit.reference.conv2d", "the grade worker's _perf_counter"} \
         <= set(changed), changed
-    # its write to labkit/check.py: refused in a sandbox (tests/test_grade_isolation.py); unsandboxed it hits the
+    # its write to labkit/core/check.py: refused in a sandbox (tests/test_grade_isolation.py); unsandboxed it hits the
     # job's private copy only, and is reported
     if graded["report"]["meta"]["sandbox"]["mode"] == "none":
         assert "check.py" in r["message"] and "on disk" in r["message"]

@@ -4,7 +4,7 @@ and on fp16 (m16n8k16), both with fp32 sums, in multiply-adds a second.
 Each is a loop of independent operations in registers (eight accumulators a thread, no memory traffic), 8 blocks of
 256 threads a multiprocessor, timed with CUDA events around the launch after a warm-up, median of ``--repeat``.
 This is what decides whether a 3xTF32 product (three TF32 MMAs) or a split fp16 one (three fp16 MMAs) can beat the
-FMA units (``labkit/tensor_cores.py``). Needs a GPU with cupy.
+FMA units (``labkit/ops/tensor_cores.py``). Needs a GPU with cupy.
 
     python3 tools/mma_rates.py --out results/some-folder
 """

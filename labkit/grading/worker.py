@@ -240,7 +240,7 @@ class _OutOfResources(Exception):
 
 
 #: where the simulator starts its threads (a block's threads are started there, not by the student's code)
-_MACHINERY = ("numba/cuda/simulator/", "labkit/simulator.py")
+_MACHINERY = ("numba/cuda/simulator/", "labkit/launch/simulator.py")
 
 
 def _machinery_ran_out(exc: BaseException) -> bool:
