@@ -20,69 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from ..outputs import OutputError, writable_folder
+from .datasets import CIFAR_RECORD, DATASETS, Dataset, Remote  # noqa: F401 - data.DATASETS, as before
 from .nets import Net, get_net
+from .resize import bilinear_matrix, resize_bilinear, resize_constant_uint8  # noqa: F401 - data.resize_bilinear
 
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
-CIFAR_RECORD = 3073  # 1 label byte + 3 x 1024 pixel bytes
-
-
-@dataclass(frozen=True)
-class Remote:
-    url: str
-    md5: str
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """One dataset of the registry: the folder it lives in, its files and where they come from."""
-
-    name: str
-    folder: str
-    files: dict[str, str | None]  # file name -> md5 of the complete official file (None: cannot be checked)
-    remotes: tuple[Remote, ...]
-    archive: bool  # True: the remote is one .tar.gz that extracts to ``folder``
-    fetch_hint: str
-
-
-DATASETS = {
-    "cifar10": Dataset(
-        name="cifar10",
-        folder="cifar-10-batches-bin",
-        files={
-            "data_batch_1.bin": "5dd7e06a14cb22eb9f671a540d1b7c25",
-            "data_batch_2.bin": "5ea93a67294ea407fff1d09f752e9692",
-            "data_batch_3.bin": "942cd6a4bcdd0dd3c604fbe906cb4421",
-            "data_batch_4.bin": "ae636b3ba5c66a11e91e8cb52e771fcb",
-            "data_batch_5.bin": "53f37980c15c3d472c316c40844f3f0d",
-            "test_batch.bin": None,  # official md5 not published per file; partial copies exist
-        },
-        remotes=(Remote("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
-                        "c32a1d4ab5d03f1284b67883e8d87530"),),
-        archive=True,
-        fetch_hint="labkit data fetch cifar10",
-    ),
-    "fashion": Dataset(
-        name="fashion",
-        folder="fashion-mnist",
-        files={
-            "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-            "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
-            "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
-            "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
-        },
-        remotes=tuple(
-            Remote(f"http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/{f}", md5)
-            for f, md5 in (
-                ("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
-                ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
-                ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
-                ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"),
-            )
-        ),
-        archive=False,
-        fetch_hint="labkit data fetch fashion",
-    ),
-}
 
 
 class DataError(Exception):
@@ -448,81 +390,6 @@ def synthetic(net: str | Net, n: int, seed: int = 0) -> Images:
 
 
 # ------------------------------------------------------------------------------------ network inputs
-
-
-@lru_cache(maxsize=None)
-def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """(n_out, n_in) matrix of 1-D bilinear resampling, half-pixel centres, edges clamped
-    (the same as torch's ``interpolate(mode="bilinear", align_corners=False)`` and OpenCV's INTER_LINEAR)."""
-    scale = n_in / n_out
-    src = np.clip((np.arange(n_out) + 0.5) * scale - 0.5, 0, n_in - 1)
-    lo = np.floor(src).astype(int)
-    hi = np.minimum(lo + 1, n_in - 1)
-    frac = src - lo
-    m = np.zeros((n_out, n_in), dtype=np.float64)
-    m[np.arange(n_out), lo] += 1 - frac
-    m[np.arange(n_out), hi] += frac
-    return m
-
-
-def resize_bilinear(images: np.ndarray, size: int) -> np.ndarray:
-    """Resize a batch (N, C, H, W) to (N, C, size, size) bilinearly; float32 out."""
-    n, c, h, w = images.shape
-    rows, cols = bilinear_matrix(h, size), bilinear_matrix(w, size)
-    x = images.astype(np.float64)
-    return np.einsum("ih,nchw,jw->ncij", rows, x, cols, optimize=True).astype(np.float32)
-
-
-@lru_cache(maxsize=None)
-def _constant_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """1-D taps of scikit-image's bilinear ``resize`` (scipy.ndimage.zoom, grid_mode=True, order=1): source
-    coordinate ``(i + 0.5) * (n_in / n_out) - 0.5`` (half-pixel centres), left tap ``floor`` of it, weights
-    ``w0 = 1 - frac`` and ``w1 = 1 - w0``, computed in float64 in scipy's order so the results match bit for bit."""
-    zoom = n_in / n_out
-    cc = (np.arange(n_out, dtype=np.float64) + 0.5) * zoom - 0.5
-    start = np.floor(cc)
-    w0 = 1.0 - (cc - start)
-    return start.astype(np.intp), w0, 1.0 - w0
-
-
-def resize_constant_uint8(images: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """The ECE408 project's input preparation, without scikit-image: for each uint8 image (N, C, H, W)
-    ``skimage.transform.resize(img / 256, shape, mode='constant', cval=0) * 256`` then ``astype(uint8)``.
-
-    Bilinear (order 1), half-pixel centres; ``mode='constant', cval=0``: a tap outside the image reads 0 (so the
-    border fades towards 0, unlike ``resize_bilinear``'s clamped edges), then clipped to the image's own range as
-    scikit-image does (``clip=True``). Upscaling, so no anti-aliasing filter
-    (scikit-image only smooths when some axis shrinks; this refuses that case). The sum is taken in scipy's order,
-    ``((p * wr) * wc)`` over the 2x2 taps row-major, and ``astype(uint8)`` truncates; tests/test_ece408.py says how
-    it was checked against scikit-image."""
-    x = np.asarray(images)
-    if x.dtype != np.uint8 or x.ndim != 4:
-        raise ValueError(f"resize_constant_uint8 expects uint8 images (N, C, H, W), got {x.dtype} {x.shape}")
-    n, c, h, w = x.shape
-    ho, wo = shape
-    if ho < h or wo < w:
-        raise ValueError(f"resize_constant_uint8 upscales only ({h}x{w} -> {ho}x{wo} would need anti-aliasing)")
-    r0, wr0, wr1 = _constant_taps(h, ho)
-    c0, wc0, wc1 = _constant_taps(w, wo)
-    # zero border: padded index = index + 1, so taps at -1 and at h (w) read the cval 0
-    v = x.astype(np.float64) / 256.0
-    p = np.pad(v, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    rows = (r0 + 1, r0 + 2)
-    cols = (c0 + 1, c0 + 2)
-    wr, wc = (wr0[:, None], wr1[:, None]), (wc0[None, :], wc1[None, :])
-    t = np.zeros((n, c, ho, wo), np.float64)
-    for i in range(2):
-        pr = p[:, :, rows[i], :]
-        for j in range(2):
-            t += (pr[:, :, :, cols[j]] * wr[i]) * wc[j]
-    # skimage's clip=True: clip to each image's own [min, max] (not widened to cval), except that where cval lies
-    # outside that range, outputs exactly equal to cval stay cval. An image with no 0 pixel so gets its faded
-    # border raised to its darkest pixel, and a constant image stays constant.
-    lo, hi = v.min(axis=(2, 3), keepdims=True), v.max(axis=(2, 3), keepdims=True)
-    keep = (t == 0.0) & (lo > 0.0)
-    t = np.where(keep, 0.0, np.clip(t, lo, hi))
-    return (t * 256.0).astype(np.uint8)
-
 
 _CIFAR_LUT = (np.arange(256, dtype=np.float64) / 255.0 - 0.5).astype(np.float32)
 
