@@ -157,8 +157,48 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox
     here among them).
     """
-    from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
+    _check_resources(jobs, out, cache)
+    simulator_if_no_driver()
+    dinfo = device.info()
+    rub = load_rubric(rubric)
+    solutions = Path(solutions) if solutions else solutions_folder()
+    if not solutions.is_dir():
+        raise GradeError(f"no solutions folder at {solutions}")
+    submissions = Path(submissions)
+    chosen, subs, single = _submissions(submissions, stages, solutions, students)
+    cluster, gpu_list, per_gpu = _gpus(cluster, gpus, jobs)
+    private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
+               "the solutions": solutions.resolve()}
+    iso, ref_cache, no_cache = _sandbox(sandbox, unsandboxed, cache, cluster, gpus, private, rub, gpu_list)
+    numbers = [s.number for s in chosen]
+    ctx = Context(numbers, rub, solutions, dinfo.kind == "gpu", dinfo.simulated, iso, ref_cache)
+    if dinfo.kind == "cpu":
+        needs_gpu = [n for n, p in ctx.plans.items() if any(v.target == "gpu" for v in p.variants.values())]
+        if needs_gpu:
+            raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
+                             f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
+    run_seed = fresh_seed() if seed is None else int(seed)
+    tasks = make_tasks(subs, numbers, run_seed, submissions)
+    started = time.monotonic()
+    spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
+            "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
+            "gpus": gpu_list, "per_gpu": per_gpu} if cluster else None  # each cluster worker makes its context of it
+    rows, where, turns = _run_tasks(ctx, tasks, subs, numbers, jobs, cluster, spec, progress)
+    run = {"dinfo": dinfo, "rub": rub, "iso": iso, "numbers": numbers, "subs": subs, "run_seed": run_seed,
+           "where": where, "ctx": ctx, "solutions": solutions, "started": started, "single": single, "turns": turns,
+           "jobs": jobs, "gpu_list": gpu_list, "per_gpu": per_gpu, "ref_cache": ref_cache, "no_cache": no_cache}
+    report = {"meta": _meta(run, command, rows), "rows": rows}
+    out = Path(out)
+    if merge is None:
+        merge = bool(students) or bool(stages)
+    if merge and (out / "grades.json").is_file():
+        report = merge_reports(out / "grades.json", report)
+    write_reports(out, report, gradescope=gradescope)
+    return report
 
+
+def _check_resources(jobs: int, out, cache) -> None:
+    """``--jobs``, ``--out`` and ``--cache`` refused now, in one line, not after grading the class."""
     if jobs < 1:
         raise GradeError("--jobs must be at least 1")
     try:  # a folder the reports cannot go to is found now, not after grading the class
@@ -172,15 +212,10 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         raise GradeError(f"--jobs {jobs}: this machine has {cores} processor core{'s' * (cores > 1)}; more jobs than "
                          f"cores make every job slower and its time limit a matter of load: use --jobs {cores} or "
                          f"fewer (with --gpus, the jobs are spread over the GPUs)")
-    simulator_if_no_driver()
-    dinfo = device.info()
-    gpu, simulated = dinfo.kind == "gpu", dinfo.simulated
-    rub = load_rubric(rubric)
-    solutions = Path(solutions) if solutions else solutions_folder()
-    if not solutions.is_dir():
-        raise GradeError(f"no solutions folder at {solutions}")
-    submissions = Path(submissions)
-    explicit_stages = bool(stages)
+
+
+def _submissions(submissions: Path, stages, solutions: Path, students) -> tuple[list, list, bool]:
+    """The stages chosen, the submissions (only ``students``' where named), and whether this is one submission."""
     if submissions.is_file() and not stages:
         stages = list(find_submissions(submissions, list(STAGES.values()))[0].notebooks)
     chosen = select_stages(stages, solutions)
@@ -194,6 +229,12 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                              + (f" (there are {len(names)}: {', '.join(sorted(names)[:8])}"
                                 f"{', ...' if len(names) > 8 else ''})" if names else ""))
         subs = [s for s in subs if s.student in students]
+    return chosen, subs, single
+
+
+def _gpus(cluster: str | None, gpus: str | None, jobs: int) -> tuple[str | None, list[int] | None, int]:
+    """The cluster (``--gpus``: its dask-cuda form), the GPUs it uses and the jobs at a time on each, all refused
+    in one line before anything runs."""
     if cluster and gpus:
         raise GradeError("--gpus and --cluster do not go together: --gpus 0,1 is --cluster cuda:0,1 (a cluster's "
                          "workers each have their own GPU)")
@@ -206,9 +247,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
             gpu_list = parse_gpus(asked.gpus, available_gpus(), flag)
             per_gpu = jobs_per_gpu(jobs, gpu_list)
             dask_cluster.cuda_cluster_class(flag)  # no dask-cuda: one line, before any job
+    return cluster, gpu_list, per_gpu
+
+
+def _sandbox(sandbox: str, unsandboxed: bool, cache, cluster, gpus, private: dict, rub,
+             gpu_list) -> tuple[isolation.Isolation, refcache.ReferenceCache | None, str]:
+    """The sandbox every child runs in, the reference cache (or why none), each refused in one line before any
+    job; ``private`` gains the cache's folder."""
     iso = isolation.choose(sandbox, unsandboxed)  # refused in one line where there is no sandbox
-    private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
-               "the solutions": solutions.resolve()}
     ref_cache, no_cache = (None, f"{'--gpus' if gpus else '--cluster'}: each worker runs its stages' reference "
                                  f"jobs") if cluster else \
         refcache.choose(cache, unsandboxed, {k: private[k] for k in ("the submissions", "--out")})
@@ -219,16 +265,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                               {"CUDA_VISIBLE_DEVICES": str(gpu_list[0])} if gpu_list else None)
     if refused:
         raise GradeError(f"nothing was graded: {refused}")
-    numbers = [s.number for s in chosen]
-    ctx = Context(numbers, rub, solutions, gpu, simulated, iso, ref_cache)
-    plans = ctx.plans
-    if dinfo.kind == "cpu":
-        needs_gpu = [n for n, p in plans.items() if any(v.target == "gpu" for v in p.variants.values())]
-        if needs_gpu:
-            raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
-                             f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
-    run_seed = fresh_seed() if seed is None else int(seed)
-    tasks = make_tasks(subs, numbers, run_seed, submissions)
+    return iso, ref_cache, no_cache
+
+
+def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], jobs: int, cluster: str | None,
+               spec: dict | None, progress: bool) -> tuple[list[dict], str, dict]:
+    """The rows of every task (here, ``jobs`` at a time, or on the cluster), where they ran and the turns."""
+    from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
+
     bar = tqdm(total=len(subs), desc="grading", unit="submission", disable=not progress, file=sys.stderr)
     left = {s.student: len(numbers) for s in subs}
     lock = threading.Lock()
@@ -240,17 +284,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                 bar.update()
                 bar.set_postfix_str(task["student"][:20])
 
-    started = time.monotonic()
     if cluster:
-        spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
-                "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
-                "gpus": gpu_list, "per_gpu": per_gpu}
-        rows, where, by_worker = dask_cluster.run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
-                                                lambda task, why: grader_error_row(ctx, task, why))
+        rows, where, by_worker = dask_cluster.run_on_cluster(cluster, spec, tasks, on_row,
+                                                             lambda task: grade_task(ctx, task),
+                                                             lambda task, why: grader_error_row(ctx, task, why))
         turns = {**merged_turns(list(by_worker.values())), "by_worker": by_worker}  # each worker's own turns
     else:
         # on a GPU, the device's timed phases get a core the grader keeps free (labkit.grading.cores)
-        ctx.turns.cores = Cores(1) if gpu else None
+        ctx.turns.cores = Cores(1) if ctx.gpu else None
         if ctx.turns.cores is not None:
             ctx.turns.cores.start()
         try:
@@ -262,15 +303,22 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         turns = {**ctx.turns.summary(),
                  **({"cores": ctx.turns.cores.describe()} if ctx.turns.cores is not None else {})}
     bar.close()
-    meta = {
+    return rows, where, turns
+
+
+def _meta(run: dict, command: str | None, rows: list[dict]) -> dict:
+    """The report's ``meta``: what was graded, where, with what, and by which rules."""
+    dinfo, rub, ctx, gpu_list = run["dinfo"], run["rub"], run["ctx"], run["gpu_list"]
+    plans, gpu = ctx.plans, dinfo.kind == "gpu"
+    return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(["labkit", *sys.argv[1:]]),
-        "device": device.label(dinfo), "simulated": simulated, "gpu": gpu,
+        "device": device.label(dinfo), "simulated": dinfo.simulated, "gpu": gpu,
         "environment": environment.describe(dinfo),
-        "memory_guard": memory_guard_text(rub.base["limits"]["memory_mb"], gpu), "sandbox": iso.describe(),
-        "stages": numbers, "students": len(subs), "seed": run_seed, "graded_on": where,
-        "rubric": rub.to_dict(), "weights": ctx.refs.weight_sources, "solutions": str(solutions),
-        "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - started, 1),
+        "memory_guard": memory_guard_text(rub.base["limits"]["memory_mb"], gpu), "sandbox": run["iso"].describe(),
+        "stages": run["numbers"], "students": len(run["subs"]), "seed": run["run_seed"], "graded_on": run["where"],
+        "rubric": rub.to_dict(), "weights": ctx.refs.weight_sources, "solutions": str(run["solutions"]),
+        "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - run["started"], 1),
         "timed_variants": {n: label(n, p.timed) for n, p in plans.items()},
         "time_limits": {n: ctx.limits.get(n, {"time_limit_s": round(p.time_limit)}) for n, p in plans.items()},
         "skipped_variants": {n: p.skipped for n, p in plans.items() if p.skipped},
@@ -284,21 +332,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                         "solution timed the same way in a job of its own; spread in each row's details",
         "accuracy": {n: ("scored" if p.accuracy_scored else "not scored (no labelled images)")
                      for n, p in plans.items()},
-        "single_submission": single,
-        "turns": {**turns, "rule": "each timed phase ran while every other job (of its worker, on a cluster) was "
-                  "stopped, and each reference job alone; time stopped or waiting never counted against a job's "
-                  "limit"},
-        "jobs": {"requested": jobs, "cores": os.cpu_count() or 1,
-                 **({"gpus": gpu_list, "per_gpu": per_gpu} if gpu_list else {})},
+        "single_submission": run["single"],
+        "turns": {**run["turns"], "rule": "each timed phase ran while every other job (of its worker, on a cluster) "
+                  "was stopped, and each reference job alone; time stopped or waiting never counted against a "
+                  "job's limit"},
+        "jobs": {"requested": run["jobs"], "cores": os.cpu_count() or 1,
+                 **({"gpus": gpu_list, "per_gpu": run["per_gpu"]} if gpu_list else {})},
         "reference_jobs": dict(sorted(ctx.reference_jobs.items())),
-        "reference_cache": ref_cache.report() if ref_cache is not None else refcache.not_used(no_cache),
+        "reference_cache": run["ref_cache"].report() if run["ref_cache"] is not None else
+        refcache.not_used(run["no_cache"]),
         "phases_s": phases.totals(rows),
     }
-    report = {"meta": meta, "rows": rows}
-    out = Path(out)
-    if merge is None:
-        merge = bool(students) or explicit_stages
-    if merge and (out / "grades.json").is_file():
-        report = merge_reports(out / "grades.json", report)
-    write_reports(out, report, gradescope=gradescope)
-    return report
