@@ -170,12 +170,35 @@ def _detect() -> DeviceInfo:
         notes.append("NUMBA_ENABLE_CUDASIM=1 was set after numba.cuda was imported, so it has no effect: "
                      "restart Python (the notebook kernel) and set it before anything imports numba")
     driver = _driver_version()
+    numba_version, numba_cuda, numba_cuda_version, simulated, gpu = _probe_numba(notes)
+    name, cc, mem_total, mem_free, runtime = "", None, None, None, None
+    if gpu:
+        name, cc, mem_total, mem_free, runtime, driver = _probe_gpu(notes, driver)
+    if simulated:
+        cupy_ok, cupy_version, cupy_why = False, None, None  # never touch a device under the simulator
+    else:
+        cupy_ok, cupy_version, cupy_why = _probe_cupy()
+
+    kind = "gpu" if gpu else ("simulator" if simulated else "cpu")
+    cpu = _cpu_name()
+    if kind == "simulator":
+        name = "CUDA simulator"
+    elif kind == "cpu":
+        name = cpu
+    _meaning(notes, kind, name, cc, mem_total, driver)
+    _installs(notes, kind, driver, cupy_ok, cupy_why, numba_cuda)
+    return DeviceInfo(kind=kind, name=name, simulated=simulated, numba_version=numba_version,
+                      numba_cuda=numba_cuda, numba_cuda_version=numba_cuda_version, cupy=cupy_ok,
+                      cupy_version=cupy_version, compute_capability=cc, memory_total=mem_total,
+                      memory_free=mem_free, driver=driver, runtime=runtime, cpu=cpu,
+                      python=platform.python_version(), notes=tuple(notes))
+
+
+def _probe_numba(notes: list[str]) -> tuple[str | None, bool, str | None, bool, bool]:
+    """numba's version, whether numba.cuda imports and its version, whether it is the simulator, whether it sees a
+    usable GPU; what went wrong goes to ``notes``."""
     numba_version = numba_cuda_version = None
-    numba_cuda = False
-    simulated = False
-    gpu = False
-    name = ""
-    cc = mem_total = mem_free = runtime = None
+    numba_cuda = simulated = gpu = False
     try:
         import numba
 
@@ -203,40 +226,35 @@ def _detect() -> DeviceInfo:
         except Exception as exc:
             notes.append(f"numba.cuda is not importable ({type(exc).__name__}: {exc}); "
                          "install numba-cuda with the extra for your CUDA version")
-    if gpu:
-        try:
-            from numba import cuda
+    return numba_version, numba_cuda, numba_cuda_version, simulated, gpu
 
-            dev = cuda.get_current_device()
-            raw = dev.name
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            cc = tuple(dev.compute_capability)
-            mem_free, mem_total = (int(v) for v in cuda.current_context().get_memory_info())
-        except Exception as exc:
-            notes.append(f"the GPU did not answer a query ({type(exc).__name__}: {exc})")
-            name = name or "CUDA GPU"
-        try:
-            from numba import cuda
 
-            runtime = tuple(cuda.runtime.get_version())
-            if driver is None:
-                driver = tuple(cuda.cudadrv.driver.driver.get_version())
-        except Exception:
-            pass
+def _probe_gpu(notes: list[str], driver):
+    """The GPU's name, compute capability, total and free memory, the CUDA runtime's version and the driver's
+    (asked of numba where ``driver`` is None)."""
+    from numba import cuda
 
-    if simulated:
-        cupy_ok, cupy_version, cupy_why = False, None, None  # never touch a device under the simulator
-    else:
-        cupy_ok, cupy_version, cupy_why = _probe_cupy()
+    name, cc, mem_total, mem_free, runtime = "", None, None, None, None
+    try:
+        dev = cuda.get_current_device()
+        raw = dev.name
+        name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        cc = tuple(dev.compute_capability)
+        mem_free, mem_total = (int(v) for v in cuda.current_context().get_memory_info())
+    except Exception as exc:
+        notes.append(f"the GPU did not answer a query ({type(exc).__name__}: {exc})")
+        name = name or "CUDA GPU"
+    try:
+        runtime = tuple(cuda.runtime.get_version())
+        if driver is None:
+            driver = tuple(cuda.cudadrv.driver.driver.get_version())
+    except Exception:
+        pass
+    return name, cc, mem_total, mem_free, runtime, driver
 
-    kind = "gpu" if gpu else ("simulator" if simulated else "cpu")
-    cpu = _cpu_name()
-    if kind == "simulator":
-        name = "CUDA simulator"
-    elif kind == "cpu":
-        name = cpu
 
-    # what it means
+def _meaning(notes: list[str], kind: str, name: str, cc, mem_total, driver) -> None:
+    """What the findings mean for a run, into ``notes``."""
     if kind == "gpu":
         notes.append(f"GPU: {name}" + (f", compute capability {cc[0]}.{cc[1]}" if cc else "")
                      + (f", {mem_total / 2**30:.1f} GiB" if mem_total else "") + ": kernels run on the device, "
@@ -253,6 +271,10 @@ def _detect() -> DeviceInfo:
     if kind != "gpu":
         notes.append("managed memory and cupy's own routines (cuBLAS) need a real GPU: those cells are skipped with a "
                      "message")
+
+
+def _installs(notes: list[str], kind: str, driver, cupy_ok: bool, cupy_why: str | None, numba_cuda: bool) -> None:
+    """What to install for this driver, into ``notes``."""
     if cupy_why and kind == "gpu":
         notes.append(cupy_why + ": the cuBLAS comparison and CUDA C cells need cupy")
     extra = _extra_for(driver)
@@ -267,11 +289,6 @@ def _detect() -> DeviceInfo:
     elif kind != "gpu":
         notes.append("on a GPU machine, install the extra for the driver's CUDA major version "
                      "(nvidia-smi shows it): labkit[cuda12] or labkit[cuda13]")
-    return DeviceInfo(kind=kind, name=name, simulated=simulated, numba_version=numba_version,
-                      numba_cuda=numba_cuda, numba_cuda_version=numba_cuda_version, cupy=cupy_ok,
-                      cupy_version=cupy_version, compute_capability=cc, memory_total=mem_total,
-                      memory_free=mem_free, driver=driver, runtime=runtime, cpu=cpu,
-                      python=platform.python_version(), notes=tuple(notes))
 
 
 # ----------------------------------------------------------------------------------------------- reporting
