@@ -191,22 +191,7 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
     rfd, wfd = os.pipe()
     inside_fd = sandbox.results_fd
     job = {**job, "fd": wfd if inside_fd is None else inside_fd}
-    argv = [sys.executable, "-m", WORKER]
-    out = open(folder / "stdout.txt", "wb")
-    err = open(folder / "stderr.txt", "wb")
-    try:
-        if sandbox.mode == "none":
-            view = isolation.View((), str(folder / "work"), env, memory_mb)
-        else:
-            view = job_view(job, folder, env, memory_mb, sandbox.python_path())
-        if inside_fd is None:  # the pipe is handed down
-            child = sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(wfd,))
-        else:  # the container's stdout carries the results
-            child = sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=wfd, stderr=err)
-    finally:
-        os.close(wfd)
-        out.close()
-        err.close()
+    child = _spawn(sandbox, job, folder, env, memory_mb, wfd)
     proc = child.proc
     if running is not None:
         running.child = child
@@ -221,61 +206,96 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
             pass
 
     send(json.dumps(job))
+    try:
+        _read(proc, rfd, result, send, on_frame, time_limit, (memory_mb if rss_guard else 0), running)
+    finally:
+        survivors = _end(sandbox, child, rfd, result, folder, running, turns)
+    result.survivors = survivors
+    return result
+
+
+def _spawn(sandbox: isolation.Isolation, job: dict, folder: Path, env: dict, memory_mb: int, wfd: int):
+    """The worker started in ``sandbox`` (its stdout and stderr into ``folder``'s files; the results on ``wfd``,
+    which is closed here once the child holds it)."""
+    argv = [sys.executable, "-m", WORKER]
+    out = open(folder / "stdout.txt", "wb")
+    err = open(folder / "stderr.txt", "wb")
+    try:
+        if sandbox.mode == "none":
+            view = isolation.View((), str(folder / "work"), env, memory_mb)
+        else:
+            view = job_view(job, folder, env, memory_mb, sandbox.python_path())
+        if sandbox.results_fd is None:  # the pipe is handed down
+            return sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(wfd,))
+        return sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=wfd, stderr=err)  # results on its stdout
+    finally:
+        os.close(wfd)
+        out.close()
+        err.close()
+
+
+def _read(proc, rfd: int, result: ChildExit, send, on_frame: OnFrame, time_limit: float, rss_limit_mb: int,
+          running) -> None:
+    """Frames from ``rfd`` to ``on_frame`` until the results are complete, the child exits, the limit passes
+    (moved by the time it spent stopped), or its resident memory goes above ``rss_limit_mb`` (0: not watched)."""
     started = time.monotonic()
     buf = bytearray()
     reading, complete = True, False
     next_rss = 0.0
+    while True:
+        now = time.monotonic()
+        deadline = started + time_limit + (running.paused_s() if running is not None else 0.0)
+        if now >= deadline:
+            result.timed_out = True
+            return
+        if not reading:
+            try:
+                proc.wait(timeout=min(0.5, deadline - now))
+                return
+            except subprocess.TimeoutExpired:
+                if complete:  # nothing more to hear: a thread the student left running keeps it alive
+                    return
+                continue
+        ready, _, _ = select.select([rfd], [], [], min(0.5, deadline - now))
+        if ready:
+            chunk = os.read(rfd, 1 << 20)
+            if not chunk:
+                reading = False
+                continue
+            buf += chunk
+            frames, bad = protocol.parse(buf)
+            for kind, meta, payload in frames:
+                if on_frame(kind, meta, payload, lambda answer: send(answer.value)):
+                    reading, complete = False, True
+            if bad:
+                result.protocol_error = bad
+                return
+        if rss_limit_mb > 0 and now >= next_rss:
+            next_rss = now + 1.0
+            if rss_mb([proc.pid, *descendants(proc.pid)]) > rss_limit_mb:
+                result.memory_exceeded = True
+                return
+
+
+def _end(sandbox: isolation.Isolation, child, rfd: int, result: ChildExit, folder: Path, running, turns) -> list:
+    """Every process of the job ended (those still there ``LINGER_S`` after: returned), its turn given back, its
+    exit status and the tail of its stderr into ``result``."""
+    proc = child.proc
+    os.close(rfd)
+    if running is not None and running.frozen:
+        running.thaw()  # a stopped process takes no SIGKILL until it runs again
+    survivors = sandbox.stop(child)
+    if survivors:  # a process inside a GPU kernel that never returns goes only once the driver lets it
+        survivors = _linger(survivors, LINGER_S)
+    if turns is not None and running is not None:
+        turns.ended(running)
     try:
-        while True:
-            now = time.monotonic()
-            deadline = started + time_limit + (running.paused_s() if running is not None else 0.0)
-            if now >= deadline:
-                result.timed_out = True
-                break
-            if not reading:
-                try:
-                    proc.wait(timeout=min(0.5, deadline - now))
-                    break
-                except subprocess.TimeoutExpired:
-                    if complete:  # nothing more to hear: a thread the student left running keeps it alive
-                        break
-                    continue
-            ready, _, _ = select.select([rfd], [], [], min(0.5, deadline - now))
-            if ready:
-                chunk = os.read(rfd, 1 << 20)
-                if not chunk:
-                    reading = False
-                    continue
-                buf += chunk
-                frames, bad = protocol.parse(buf)
-                for kind, meta, payload in frames:
-                    if on_frame(kind, meta, payload, lambda answer: send(answer.value)):
-                        reading, complete = False, True
-                if bad:
-                    result.protocol_error = bad
-                    break
-            if rss_guard and memory_mb > 0 and now >= next_rss:
-                next_rss = now + 1.0
-                if rss_mb([proc.pid, *descendants(proc.pid)]) > memory_mb:
-                    result.memory_exceeded = True
-                    break
-    finally:
-        os.close(rfd)
-        if running is not None and running.frozen:
-            running.thaw()  # a stopped process takes no SIGKILL until it runs again
-        survivors = sandbox.stop(child)
-        if survivors:  # a process inside a GPU kernel that never returns goes only once the driver lets it
-            survivors = _linger(survivors, LINGER_S)
-        if turns is not None and running is not None:
-            turns.ended(running)
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        result.returncode = sandbox.exit_status(proc.returncode)
-        try:
-            result.stderr_tail = (folder / "stderr.txt").read_text(errors="replace")[-4000:]
-        except OSError:
-            pass
-    result.survivors = survivors
-    return result
+        proc.stdin.close()
+    except OSError:
+        pass
+    result.returncode = sandbox.exit_status(proc.returncode)
+    try:
+        result.stderr_tail = (folder / "stderr.txt").read_text(errors="replace")[-4000:]
+    except OSError:
+        pass
+    return survivors
