@@ -292,15 +292,18 @@ class _WatchedArray:
 
 
 def _patches():
+    """(class, attribute, original, replacement) of every patch of the simulator that watching installs."""
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devicearray as sim_array
 
-    within = sim_array.FakeWithinKernelCUDAArray
+    return [*_access_patches(sim_array.FakeWithinKernelCUDAArray), _launch_patch(sim_kernel),
+            *_memory_patches(sim_kernel, kernelapi), *_atomic_patches(kernelapi)]
+
+
+def _access_patches(within) -> list[tuple]:
+    """Every global load and store of a kernel's array, recorded by the launch's recorder."""
     orig_get, orig_set = within.__getitem__, within.__setitem__
-    orig_call = sim_kernel.FakeCUDAKernel.__call__
-    orig_sync = sim_kernel.BlockThread.syncthreads
-    orig_shared, orig_const = kernelapi.FakeCUDAShared.array, kernelapi.FakeCUDAConst.array_like
 
     def get(self, idx):
         rec = _current[0]
@@ -313,6 +316,13 @@ def _patches():
         if rec is not None:
             rec.record("global", self._item._ary, idx, True)
         return orig_set(self, idx, value)
+
+    return [(within, "__getitem__", orig_get, get), (within, "__setitem__", orig_set, set_)]
+
+
+def _launch_patch(sim_kernel) -> tuple:
+    """A launch while watching: its array arguments named, a recorder for it, judged when it ends."""
+    orig_call = sim_kernel.FakeCUDAKernel.__call__
 
     def call(self, *args):
         if self._device or sim_kernel._kernel_context or not _active:
@@ -340,6 +350,14 @@ def _patches():
             for w in _active:
                 w.launches.append(launch)
 
+    return (sim_kernel.FakeCUDAKernel, "__call__", orig_call, call)
+
+
+def _memory_patches(sim_kernel, kernelapi) -> list[tuple]:
+    """Barrier epochs counted per thread; shared and constant arrays watched."""
+    orig_sync = sim_kernel.BlockThread.syncthreads
+    orig_shared, orig_const = kernelapi.FakeCUDAShared.array, kernelapi.FakeCUDAConst.array_like
+
     def sync(self):
         orig_sync(self)
         self._lk_epoch = getattr(self, "_lk_epoch", 0) + 1
@@ -364,7 +382,14 @@ def _patches():
     def const(self, ary):
         return _WatchedArray(np.asarray(orig_const(self, ary)), "constant")
 
-    atomics = {}
+    return [(sim_kernel.BlockThread, "syncthreads", orig_sync, sync),
+            (kernelapi.FakeCUDAShared, "array", orig_shared, shared),
+            (kernelapi.FakeCUDAConst, "array_like", orig_const, const)]
+
+
+def _atomic_patches(kernelapi) -> list[tuple]:
+    """The accesses the simulator's atomics make, recorded as atomic."""
+    atomics = []
     for name in ("add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min", "nanmax", "nanmin", "cas",
                  "compare_and_swap"):
         orig = getattr(kernelapi.FakeCUDAAtomic, name, None)
@@ -378,14 +403,8 @@ def _patches():
             finally:
                 _state.atomic = False
 
-        atomics[name] = (orig, atomic)
-
-    return [(within, "__getitem__", orig_get, get), (within, "__setitem__", orig_set, set_),
-            (sim_kernel.FakeCUDAKernel, "__call__", orig_call, call),
-            (sim_kernel.BlockThread, "syncthreads", orig_sync, sync),
-            (kernelapi.FakeCUDAShared, "array", orig_shared, shared),
-            (kernelapi.FakeCUDAConst, "array_like", orig_const, const),
-            *((kernelapi.FakeCUDAAtomic, n, o, new) for n, (o, new) in atomics.items())]
+        atomics.append((kernelapi.FakeCUDAAtomic, name, orig, atomic))
+    return atomics
 
 
 _installed: list = []
