@@ -376,8 +376,38 @@ class GradingJob:
         plan, r = self.plan, self.plan.rubric
         rng = np.random.default_rng(self.seed)
         inputs = Inputs(self.refs)
-        cases: list[P.CaseSpec] = []
+        cases = self._cases(inputs, rng)
         accuracy: list[P.AccuracySpec] = []
+        for vname, net_name, images, target in plan.accuracy_runs():
+            aid = f"{vname}/{net_name}"
+            accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
+            self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
+        timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
+        task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
+        # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
+        self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
+        self._answers.update({("pass", k): piece
+                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images))})
+        self._ahead = Ahead(self._answers, self.turns, self.running)
+        self.outcome.task_calls = {}
+        for want in self._task_expected.values():
+            self.outcome.task_calls[want["task"]] = self.outcome.task_calls.get(want["task"], 0) + 1
+        self.outcome.cases = len(cases)
+        self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
+        self.outcome.accuracy_runs = len(accuracy)
+        tech = plan.technique()
+        return P.JobSpec(stage=plan.stage.number, notebook="", inputs=inputs.save(folder),
+                         variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
+                         cases=cases, accuracy=accuracy, timing=timing, tasks=task_calls,
+                         technique=P.TechniqueSpec(**tech) if tech else None,
+                         own_layers=list(r["checks"].get("own_layers", ["conv"])), memory_mb=r["limits"]["memory_mb"],
+                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
+                         max_file_mb=r["limits"]["max_file_mb"])
+
+    def _cases(self, inputs: Inputs, rng) -> list[P.CaseSpec]:
+        """Every check's case, its inputs put into ``inputs`` and its float64 answer left to compute ahead."""
+        plan = self.plan
+        cases: list[P.CaseSpec] = []
 
         def put_case(case, vname: str, batch: int, what: str, net_name: str, net=None,
                      lands_on: int | None = None) -> None:
@@ -417,31 +447,7 @@ class GradingJob:
                     case = network_case(net_name, b, rng, target=spec.target, answers=False)
                     put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net, lands_on=before)
                     before = len(cases) - 1
-        for vname, net_name, images, target in plan.accuracy_runs():
-            aid = f"{vname}/{net_name}"
-            accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
-            self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
-        timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
-        task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
-        # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
-        self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
-        self._answers.update({("pass", k): piece
-                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images))})
-        self._ahead = Ahead(self._answers, self.turns, self.running)
-        self.outcome.task_calls = {}
-        for want in self._task_expected.values():
-            self.outcome.task_calls[want["task"]] = self.outcome.task_calls.get(want["task"], 0) + 1
-        self.outcome.cases = len(cases)
-        self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
-        self.outcome.accuracy_runs = len(accuracy)
-        tech = plan.technique()
-        return P.JobSpec(stage=plan.stage.number, notebook="", inputs=inputs.save(folder),
-                         variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
-                         cases=cases, accuracy=accuracy, timing=timing, tasks=task_calls,
-                         technique=P.TechniqueSpec(**tech) if tech else None,
-                         own_layers=list(r["checks"].get("own_layers", ["conv"])), memory_mb=r["limits"]["memory_mb"],
-                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
-                         max_file_mb=r["limits"]["max_file_mb"])
+        return cases
 
     # ---- judging, message by message
     def _case(self, msg: P.CaseResult, payload: bytes) -> None:
