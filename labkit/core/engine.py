@@ -257,20 +257,8 @@ def checked_call(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: d
         guarded = {k: _with_margins(v, device, poison_margins) for k, v in inputs.items()}
         views = {k: view for k, (_, view) in guarded.items()}
         xv = views.pop("x")
-        size = int(np.prod(shape))
         if device:
-            # out is the front of a longer NaN buffer: a GPU does not check bounds, so a thread without a guard
-            # writes past the end unseen unless something there is looked at afterwards
-            host = np.full(size + OUT_GUARD, fill, np.float32)
-            host[size:].view(np.uint32)[:] = GUARD_BITS
-            whole = gpu.to_device(host)
-            outd = whole[:size].reshape(shape)
-            fn(*arguments(xv, views, outd))
-            past = np.count_nonzero(gpu.as_host(whole)[size:].view(np.uint32) != GUARD_BITS)
-            if past:
-                raise IndexError(f"{past} value(s) written out of bounds, past the end of out ({size} elements): "
-                                 f"a thread without a guard (if t < out.size)?")
-            got = gpu.as_host(outd)
+            got = _guarded_device_call(lambda out: fn(*arguments(xv, views, out)), shape, fill)
         else:
             got = np.full(shape, fill, np.float32)
             fn(*arguments(xv, views, got))
@@ -292,6 +280,29 @@ def checked_call(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: d
             return LayerCall(got)
     if not (_same_elsewhere(got, filled) and _same_elsewhere(got, zeroed)):
         return LayerCall(got)
+    return LayerCall(got, _nan_causes(got, filled, zeroed))
+
+
+def _guarded_device_call(call, shape: tuple, fill) -> np.ndarray:
+    """``call(out)`` on a device ``out`` filled with ``fill``: the front of a longer buffer, whose tail is checked
+    afterwards (a GPU does not check bounds, so a thread without a guard writes past the end unseen unless something
+    there is looked at); ``out`` back on the host."""
+    size = int(np.prod(shape))
+    host = np.full(size + OUT_GUARD, fill, np.float32)
+    host[size:].view(np.uint32)[:] = GUARD_BITS
+    whole = gpu.to_device(host)
+    outd = whole[:size].reshape(shape)
+    call(outd)
+    past = np.count_nonzero(gpu.as_host(whole)[size:].view(np.uint32) != GUARD_BITS)
+    if past:
+        raise IndexError(f"{past} value(s) written out of bounds, past the end of out ({size} elements): "
+                         f"a thread without a guard (if t < out.size)?")
+    return gpu.as_host(outd)
+
+
+def _nan_causes(got: np.ndarray, filled: np.ndarray, zeroed: np.ndarray) -> NanCauses:
+    """Why ``got`` holds NaN, from the runs with out filled (``filled``, ``zeroed``): margins read (raises),
+    elements never written, added onto out's contents, read from data never written."""
     nan = np.isnan(got)
     margins = int(np.count_nonzero(nan & ~np.isfinite(filled) & np.isfinite(zeroed)))
     if margins:
@@ -302,7 +313,7 @@ def checked_call(fn, layer: Layer | tuple[Layer, ...], x: np.ndarray, weights: d
     unwritten = nan & (filled == FILLS[0]) & (zeroed == FILLS[1])
     read = nan & ~(np.isfinite(filled) & np.isfinite(zeroed))
     added = nan & ~unwritten & ~read
-    return LayerCall(got, NanCauses(unwritten=int(unwritten.sum()), added=int(added.sum()), read=int(read.sum())))
+    return NanCauses(unwritten=int(unwritten.sum()), added=int(added.sum()), read=int(read.sum()))
 
 
 def clock_method(variant: Variant) -> str:
