@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tool_modules  # noqa: E402  (tests/ is on the path)
 
@@ -34,6 +36,18 @@ def test_the_class_is_60_jobs_of_stages_04_to_10_taking_turns(tmp_path):
     assert rubric["limits"]["time_factor"] == 0  # fixed limits: reference jobs take turns for their timing only
     for stage, timed in demo.timed_variants().items():
         assert rubric["stage"][stage]["timed_variant"] == timed and timed in rubric["stage"][stage]["variants"]
+
+
+def test_a_smaller_class_keeps_the_stages_and_students_asked_for(tmp_path):
+    names = demo.write_class(tmp_path / "class")
+    assert demo.keep_only(tmp_path / "class", names, None, ("05", "07")) is None
+    kept = sorted(p.name for p in (tmp_path / "class").iterdir())
+    assert kept == [n for n in names if n.split("_")[1] in ("s05", "s07")] and len(kept) >= 10
+    assert demo.keep_only(tmp_path / "class", kept, [kept[0], "nobody"], ("05",)) == "nobody"  # nothing removed
+    assert demo.keep_only(tmp_path / "class", kept, [kept[0]], ("05", "07")) is None
+    assert [p.name for p in (tmp_path / "class").iterdir()] == [kept[0]]
+    with pytest.raises(SystemExit):
+        demo.main([str(tmp_path / "out"), "--stages", "05,99", "--simulate"])
 
 
 def _report(rows, gpus=None):

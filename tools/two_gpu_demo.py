@@ -164,11 +164,22 @@ def write_class(root: Path) -> list[str]:
     return sorted(names)
 
 
+def keep_only(klass: Path, names: list[str], students: list[str] | None, stages: tuple[str, ...]) -> str | None:
+    """A smaller class: only ``students`` (all when None) of ``stages``; the first name not in the class, if any."""
+    unknown = sorted(set(students or ()) - set(names))
+    if unknown:
+        return unknown[0]
+    for name in names:
+        if (students is not None and name not in students) or name.split("_")[1][1:] not in stages:
+            shutil.rmtree(klass / name)
+    return None
+
+
 # ------------------------------------------------------------------------------------------- the runs
 
 
 def grade_run(out: Path, klass: Path, run: str, jobs_per_gpu: int, seed: int, part: tuple[int, int] | None,
-              simulate: bool) -> float:
+              simulate: bool, stages: tuple[str, ...] = STAGES) -> float:
     from labkit import grading
 
     students = sorted(p.name for p in klass.iterdir() if p.is_dir())
@@ -177,11 +188,11 @@ def grade_run(out: Path, klass: Path, run: str, jobs_per_gpu: int, seed: int, pa
         students = students[k - 1::n]
     gpus = RUNS[run]
     jobs = jobs_per_gpu * len(gpus.split(","))
-    command = (f"labkit grade class --stages {','.join(STAGES)} --rubric rubric.toml --gpus {gpus} --jobs {jobs} "
+    command = (f"labkit grade class --stages {','.join(stages)} --rubric rubric.toml --gpus {gpus} --jobs {jobs} "
                f"--seed {seed}" + (f" --students {','.join(students)} --merge" if part else ""))
     print(f"{run}{f' part {part[0]}/{part[1]}' if part else ''}: {command}", flush=True)
     start = time.monotonic()
-    grading.grade(klass, stages=list(STAGES), rubric=out / "rubric.toml", out=out / run, jobs=jobs, seed=seed,
+    grading.grade(klass, stages=list(stages), rubric=out / "rubric.toml", out=out / run, jobs=jobs, seed=seed,
                   progress=True, command=command, students=students if part else None, gpus=gpus,
                   merge=bool(part), gradescope=False)
     wall = round(time.monotonic() - start, 1)
@@ -320,7 +331,9 @@ def main(argv=None) -> int:
     ap.add_argument("--class-dir", type=Path, help="where the class is written (default OUT/class)")
     ap.add_argument("--simulate", action="store_true", help="no GPU: the simulator and a stand-in for dask-cuda")
     ap.add_argument("--compare", action="store_true", help="only compare the runs already in OUT")
-    ap.add_argument("--students", help="a dry run: write only these of the class (names, comma-separated)")
+    ap.add_argument("--students", help="write only these of the class (names, comma-separated)")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help="a smaller class: only these stages' jobs, and only these stages graded (comma-separated)")
     args = ap.parse_args(argv)
     part = None
     if args.part:
@@ -329,6 +342,9 @@ def main(argv=None) -> int:
             assert len(part) == 2 and 1 <= part[0] <= part[1]
         except (ValueError, AssertionError):
             ap.error(f"--part takes K/N with 1 <= K <= N, not {args.part!r}")
+    stages = tuple(args.stages.split(","))
+    if set(stages) - set(STAGES):
+        ap.error(f"--stages: {sorted(set(stages) - set(STAGES))[0]} is not one of the class's ({', '.join(STAGES)})")
     if args.simulate:
         _simulated_gpus()
     out = args.out
@@ -337,17 +353,13 @@ def main(argv=None) -> int:
     if not args.compare:
         if not klass.is_dir():
             names = write_class(klass)
-            if args.students:
-                keep = args.students.split(",")
-                unknown = sorted(set(keep) - set(names))
-                if unknown:
-                    shutil.rmtree(klass)
-                    ap.error(f"--students: no {unknown[0]} in the class (its names: {', '.join(names)})")
-                for name in set(names) - set(keep):
-                    shutil.rmtree(klass / name)
+            unknown = keep_only(klass, names, args.students.split(",") if args.students else None, stages)
+            if unknown:
+                shutil.rmtree(klass)
+                ap.error(f"--students: no {unknown} in the class (its names: {', '.join(names)})")
         (out / "rubric.toml").write_text(rubric_text())
         for run in [args.only] if args.only else list(RUNS):
-            grade_run(out, klass, run, args.jobs_per_gpu, args.seed, part, args.simulate)
+            grade_run(out, klass, run, args.jobs_per_gpu, args.seed, part, args.simulate, stages)
     done = all((out / f"{run}.json").is_file() and json.loads((out / f"{run}.json").read_text())["whole"]
                and (out / run / "grades.json").is_file() for run in RUNS)
     if not done:
