@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from labkit.cli import main
-from labkit.grading import phases, refcache, run
+from labkit.grading import context, phases, refcache, run
 from labkit.grading.ahead import Ahead
 from labkit.grading.job import ReferenceTiming
 from labkit.grading.plan import StagePlan
@@ -345,13 +345,13 @@ def two_runs(tmp_path_factory):
     shutil.copy(REPO / "notebooks" / STAGES["01"].notebook, root / "class" / "ada" / "notebooks")
     (root / "rubric.toml").write_text(RUBRIC)
     reports, ran = {}, []
-    real = run.reference_job
+    real = context.reference_job  # what a run's context calls for each stage's reference job
 
     def counted(*args, **kw):
         ran.append(args[0].stage.number)
         return real(*args, **kw)
 
-    run.reference_job = counted
+    context.reference_job = counted
     try:
         for name in ("into", "from"):
             before = len(ran)
@@ -359,7 +359,7 @@ def two_runs(tmp_path_factory):
                                           out=root / name, progress=False, seed=5, jobs=1, cache=root / "cache")
             reports[name]["reference_jobs_run"] = len(ran) - before
     finally:
-        run.reference_job = real
+        context.reference_job = real
     return reports
 
 
