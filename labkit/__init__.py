@@ -1,7 +1,8 @@
 """labkit: the helper package of the CNN-on-GPU course kit.
 
 A notebook imports one thing: ``import labkit as lk``. Names are grouped by the module that owns them; the modules
-themselves are there too (``lk.gpu.launch``, ``lk.simulator.BATCHES``, ``lk.kernels.GIVEN`` ...).
+themselves are there too (``lk.gpu.launch``, ``lk.simulator.BATCHES``, ``lk.kernels.GIVEN`` ...). The modules a
+student release may leave out (``LATE``: docs/releases.md) are imported on first use, ``lk.gemm`` as before.
 
 The package is in layers, one subpackage per concern (docs/design.md, "Layout"): model, launch, measuring, course,
 ops, core, ladder, lessons, grading, then the command (cli). Every module that used to sit at the package's root
@@ -41,23 +42,35 @@ if not any(isinstance(f, _OldNames) for f in sys.meta_path):
     sys.meta_path.insert(0, _OldNames())
 
 
+#: modules imported on first use (``lk.gemm``): a release of an early milestone leaves them out (they answer a task
+#: of it, labkit.leave_out.LEAVE_OUT), and ``import labkit`` must work there
+LATE = ("gemm", "gemm_cuda", "tensor_cores", "whole")
+
+
 def __getattr__(name: str):
-    """``lk.bench``, ``from labkit import release``: an old module name not yet imported."""
+    """``lk.gemm``, ``lk.bench``, ``from labkit import release``: a module imported on first use (``LATE``), or an
+    old module name not yet imported."""
     if name in MOVED:
-        module = importlib.import_module(f"{__name__}.{MOVED[name]}")
+        try:
+            module = importlib.import_module(f"{__name__}.{MOVED[name]}")
+        except ModuleNotFoundError as exc:
+            if name not in LATE or exc.name != f"{__name__}.{MOVED[name]}":
+                raise
+            raise AttributeError(f"labkit.{name} is not in this release of the kit: it answers a task of this "
+                                 f"milestone or a later one (docs/releases.md)") from None
         globals()[name] = module
         return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-from .core import check, counts, engine, graphs, whole, workloads  # noqa: E402
+from .core import check, counts, engine, graphs, workloads  # noqa: E402
 from .course import nbcells, stages  # noqa: E402
 from .ladder import ceilings, measured, plots, tune  # noqa: E402
 from .launch import device, gpu, simcheck, simulator, streams  # noqa: E402
 from .lessons import notebook  # noqa: E402
 from .measuring import ledger, profile, report, timing  # noqa: E402
 from .model import data, layers, nets, reference, weights_io  # noqa: E402
-from .ops import const_kernels, gemm, gemm_cuda, kernels, tensor_cores  # noqa: E402
+from .ops import const_kernels, kernels  # noqa: E402
 
 from .lessons import show as _show_module  # noqa: E402
 

@@ -21,7 +21,7 @@ MOVED = {
     "profile": "measuring.profile",
     # the course
     "stages": "course.stages", "tasks": "course.tasks", "nbcells": "course.nbcells", "given": "course.given",
-    "release": "course.release",
+    "release": "course.release", "leave_out": "course.leave_out", "answer_shapes": "course.answer_shapes",
     # the kit's own kernels
     "kernels": "ops.kernels", "gemm": "ops.gemm", "gemm_cuda": "ops.gemm_cuda", "winograd": "ops.winograd",
     "tensor_cores": "ops.tensor_cores", "conv_banks": "ops.conv_banks", "const_kernels": "ops.const_kernels",
@@ -31,7 +31,7 @@ MOVED = {
     # the ladder and the committed results
     "bench": "ladder.bench", "bench_whole": "ladder.bench_whole", "benchdoc": "ladder.benchdoc",
     "ceilings": "ladder.ceilings", "cudnn": "ladder.cudnn", "measured": "ladder.measured", "plots": "ladder.plots",
-    "unfinished": "ladder.unfinished", "tune": "ladder.tune",
+    "unfinished": "ladder.unfinished", "tune": "ladder.tune", "floors": "ladder.floors",
     # the notebooks' helpers
     "notebook": "lessons.notebook", "show": "lessons.show", "draw": "lessons.draw", "access": "lessons.access",
     "tile_steps": "lessons.tile_steps",

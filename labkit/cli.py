@@ -7,14 +7,11 @@ from pathlib import Path
 
 import click
 
-from . import grading, outputs
-from .about import __version__
+from . import outputs
+from .about import __version__, old_name
 from .core import engine
 from .core.workloads import Workload
-from .course import release as release_mod
 from .course.stages import solutions_folder
-from .ladder import bench as bench_mod
-from .ladder import benchdoc
 from .launch import device
 from .launch.device import describe
 from .measuring.ledger import Ledger, LedgerError, repo_root
@@ -25,7 +22,25 @@ from .model.nets import NETS, get_net
 from .model.weights_io import COURSE_WEIGHTS, NOT_SHIPPED, course_weights
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """In a student release, a command whose module the release leaves out (``labkit bench``, ``labkit grade``:
+    docs/releases.md) says so in one line, not with a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ImportError as exc:  # ModuleNotFoundError ("labkit.bench"), or "cannot import name 'bench'"
+            name = exc.name or ""
+            if not isinstance(exc, ModuleNotFoundError) and "cannot import name '" in str(exc):
+                name += "." + str(exc).split("cannot import name '")[1].split("'")[0]
+            if not name.startswith("labkit."):
+                raise
+            name = old_name(name)  # labkit.ladder.bench: labkit.bench, as the student's notebooks name it
+            raise click.ClickException(f"{name} is not in this copy of the kit: a student release leaves out the "
+                                       f"maintainers' tools (docs/releases.md)") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="labkit")  # the one version (pyproject.toml reads it)
 def main():
     """CNN-on-GPU course lab kit."""
@@ -190,6 +205,8 @@ def _csv_list(value: str | None) -> list[str] | None:
 def bench(stages, nets, images, notebooks, out, force, append, repeat, budget, per_image_max, cpu_max, slow_max_gflop,
           skip, no_baselines, random_weights):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
+    from .ladder import bench as bench_mod  # a release may leave it out (LEAVE_OUT)
+
     counts = _image_counts(images)
     folder = notebooks or solutions_folder()
     try:
@@ -269,6 +286,8 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
     one student's folder, or a single notebook. Student code runs only in sandboxed child processes (--sandbox),
     with time and memory limits. Without a CUDA driver it runs on the CUDA simulator (unless NUMBA_ENABLE_CUDASIM=0).
     """
+    from . import grading  # a release may leave it out (LEAVE_OUT)
+
     if rubric is not None and not rubric.is_file():
         raise click.BadParameter(f"no rubric file at {rubric}", param_hint="--rubric")
     if grading.simulator_if_no_driver() == "too-late":  # docs/grading.md: no CUDA driver means the simulator
@@ -326,6 +345,8 @@ def _grades_out(out: Path, merge: bool, force: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace the summary and ladder plots already in --out.")
 def ladder(ledgers, out, force):
     """Summarize recorded runs (ledger files of `labkit bench`) as a table and ladder plots."""
+    from .ladder import bench as bench_mod  # a release may leave it out (LEAVE_OUT)
+
     try:
         for path in ledgers:
             if Ledger(path).first_line("name a ledger.jsonl that labkit wrote") is None:
@@ -352,6 +373,8 @@ def ladder(ledgers, out, force):
               help="Where the plots are copied (default: img/bench/ beside the page).")
 def bench_doc(folders, doc, img_dir):
     """Write the benchmarks page from `labkit bench` output folders (each holding bench.json and its plots)."""
+    from .ladder import benchdoc  # a release may leave it out (LEAVE_OUT)
+
     doc = doc or repo_root() / "docs" / "BENCHMARKS.md"
     try:
         benchdoc.render(list(folders), doc, img_dir or doc.parent / "img" / "bench")
@@ -377,6 +400,8 @@ def release(out, upto, verify_only, commit, force):
 
     Run it in the instructor's repository (the one holding solutions/); docs/releases.md says how to publish it.
     """
+    from .course import release as release_mod  # a release may leave it out (LEAVE_OUT)
+
     if not verify_only and not upto:
         raise click.BadParameter("give the milestone's stage number, e.g. --upto 05", param_hint="--upto")
     upto = upto.zfill(2) if upto else None

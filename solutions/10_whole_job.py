@@ -227,28 +227,28 @@ def classify_streamed(job, raw, classes, chunk, streams):
 
 
 # %% [markdown]
-# ## Given: the kit's register tiles
+# ## The kit's register tiles
 #
-# `lk.gemm.fc_tiles(x, w, b, out)` is the kit's fc one step beyond task 1 (given code: `labkit/ops/gemm.py`). In task 1
-# a thread owns one output and reads two values from shared memory for every multiply-add. In the kit's kernel each
-# thread owns a `TM × TN` tile of sums kept in registers (8 × 10 in a block tile of 128 images × 160 outputs, for
-# fc1 on a GPU): per input it reads `TM` values of `x` and `TN` of `w` from shared memory into registers and does
-# `TM·TN` multiply-adds with them, `(TM + TN)/(TM·TN)` loads per multiply-add (0.225 for 8 × 10). It splits K as
-# yours does, into planes that a second kernel adds up with the bias; `lk.gemm.plan(N, K, OUT)` says which tiles
-# and how many splits it picks for a shape. Measure 1 and the leaderboard time it beside your `fc_splitk`.
+# The kit has its own fc one step beyond task 1, `lk.gemm.fc_tiles(x, w, b, out)` (`labkit/ops/gemm.py` in the kit's
+# repository; not in your copy of the kit, as it answers task 1). In task 1 a thread owns one output and reads two
+# values from shared memory for every multiply-add. In the kit's kernel each thread owns a `TM × TN` tile of sums
+# kept in registers (8 × 10 in a block tile of 128 images × 160 outputs, for fc1 on a GPU): per input it reads `TM`
+# values of `x` and `TN` of `w` from shared memory into registers and does `TM·TN` multiply-adds with them,
+# `(TM + TN)/(TM·TN)` loads per multiply-add (0.225 for 8 × 10). It splits K as yours does, into planes that a second
+# kernel adds up with the bias. Measure 1 sets its times on the kit's GPU, from the kit's committed results, beside
+# your `fc_splitk`.
 
 # %% [markdown]
-# ## Given: the kit's CUDA C SGEMM
+# ## The kit's CUDA C SGEMM
 #
-# `lk.gemm_cuda.fc_cuda(x, w, b, out)` is the same product in CUDA C (given code: `labkit/ops/gemm_cuda.py`, compiled
-# through `lk.gpu.raw_module`; without a GPU, on the CPU emulation), written the way fp32 GEMMs reach most of
-# cuBLAS. Beyond the register tiles above it adds three things: **float4 loads** (both operands are contiguous along
-# K, so one load brings four inputs, where K is a multiple of 4 and the arrays start on 16 bytes; scalar loads
-# otherwise), **double buffering** (the next step's tiles travel from global memory into registers while this step's
-# multiply-adds run, then into a second shared buffer: one `__syncthreads` a step instead of two), and **8 × 8 sums a
-# thread** read from the k-major shared rows as float4s (tiles of 128 images × 80 outputs for fc1, with split-K into
-# deterministic planes that a second kernel adds up with the bias; `lk.gemm_cuda.plan(N, K, OUT)` says which).
-# `whole_fashion_cuda` uses it for fc1; measure 1 and the leaderboard time it beside the others.
+# `lk.gemm_cuda.fc_cuda(x, w, b, out)` is the same product in CUDA C (`labkit/ops/gemm_cuda.py` in the kit's repository,
+# not in your copy either), written the way fp32 GEMMs reach most of cuBLAS. Beyond the register tiles above it adds
+# three things: **float4 loads** (both operands are contiguous along K, so one load brings four inputs, where K is a
+# multiple of 4 and the arrays start on 16 bytes; scalar loads otherwise), **double buffering** (the next step's tiles
+# travel from global memory into registers while this step's multiply-adds run, then into a second shared buffer: one
+# `__syncthreads` a step instead of two), and **8 × 8 sums a thread** read from the k-major shared rows as float4s
+# (tiles of 128 images × 80 outputs for fc1, with split-K into deterministic planes that a second kernel adds up with
+# the bias). Measure 1 sets its committed times beside the others too.
 
 # %% [markdown]
 # ## Given: convolutions on the tensor cores at fp32's accuracy
@@ -277,9 +277,10 @@ def classify_streamed(job, raw, classes, chunk, streams):
 # fill the GPU, and the tuner's choice for conv2 and conv3 there splits their maps over two blocks).
 # `whole_cifar10` also names your pipeline (`pipeline=classify_streamed`: the bench's end-to-end rows);
 # `fashion`'s inputs are resized images, not bytes looked up one by one, so its job starts from floats.
-# `whole_fashion_tiles` is `whole_fashion` with the kit's register tiles as fc1 (fc2 stays yours), `whole_fashion_cuda`
-# with the kit's CUDA C SGEMM as fc1; `whole_fashion` is the variant the grader times. `whole_cifar10` and
-# `whole_fashion_cuda` take the tensor cores' conv (above) for the layers `lk.tensor_cores.tuned` has a choice for.
+# `whole_fashion` is the variant the grader times. `whole_cifar10` takes the tensor cores' conv (above) for the layers
+# `lk.tensor_cores.tuned` has a choice for. In the kit's repository two more variants put the kit's own fc1 kernels
+# into `whole_fashion` (`whole_fashion_tiles`, `whole_fashion_cuda`): the bench times them, and "What the kit
+# measured" below shows their rows.
 
 # %% tags=["kernel"]
 VARIANTS = lk.variants("10", {
@@ -292,6 +293,12 @@ VARIANTS = lk.variants("10", {
     "whole_fashion": lk.Variant({**s09.tuned("fashion", 10000), "fc": fc_splitk}, arrays="device", fuse=FUSE,
                                 nets=("fashion",), graph=True,
                                 note="stage 09's tuned convs, split-K fc1 and fc2, a CUDA graph"),
+})
+
+# %% tags=["kernel", "kit-only"]
+# The kit's own fc1 kernels in whole_fashion, for the bench. Only in the kit's repository: a student copy has no
+# kit-only cell (tools/make_student.py), and a release has neither kernel (they answer task 1: docs/releases.md).
+VARIANTS.update(lk.variants("10", {
     "whole_fashion_tiles": lk.Variant({**s09.tuned("fashion", 10000), "fc": fc_splitk, "fc1": lk.gemm.fc_tiles},
                                       arrays="device", fuse=FUSE, nets=("fashion",), graph=True,
                                       note="whole_fashion with the kit's register-tiled split-K fc1 (lk.gemm)"),
@@ -300,7 +307,7 @@ VARIANTS = lk.variants("10", {
                                      arrays="device", fuse=FUSE, nets=("fashion",), graph=True, requires=("cuda_c",),
                                      note="whole_fashion with the kit's CUDA C SGEMM as fc1 (lk.gemm_cuda) and the "
                                           "tensor cores' convs where recorded"),
-})
+}))
 
 # %% [markdown]
 # ## Check
@@ -324,10 +331,11 @@ print(pipeline)
 # %% [markdown]
 # ## Measure 1: fc1 alone, split by split
 #
-# `fashion`'s fc1 at 100, 1000 and 10000 images: the kit's given fc (`lk.kernels.fc`), its register tiles
-# (`lk.gemm.fc_tiles`, with the plan it picks), its CUDA C SGEMM (`lk.gemm_cuda.fc_cuda`, with its plan), and
-# `fc_splitk` at several split counts (the first, 1, is no split at all) and at the count `split_count` picks (on the
-# simulator: a small layer, and times that measure the simulator).
+# `fashion`'s fc1 at 100, 1000 and 10000 images: the kit's given fc (`lk.kernels.fc`) and `fc_splitk` at several
+# split counts (the first, 1, is no split at all) and at the count `split_count` picks (on the simulator: a small
+# layer, and times that measure the simulator). The kit's register tiles and its CUDA C SGEMM are not in your copy of
+# the kit: their times come from the kit's committed GPU results (`lk.measured.fc_times()`, measured by
+# `tools/fc_gemm_timing.py`), set beside yours on a GPU.
 
 # %%
 REPEAT = 2 if lk.simulator.active() else 10  # the simulator's times mean nothing: few repeats
@@ -335,19 +343,18 @@ if lk.simulator.active():
     sizes, counts = [(3, 37, 16)], [1, 2]
 else:
     sizes, counts = [(100, 20184, 160), (1000, 20184, 160), (10000, 20184, 160)], [1, 2, 4, 8, 16, 32, 64]
-fc_times = {}  # (images, splits or "kit", "tiles" or "picked") -> median seconds
+fc_times = {}  # (images, splits, "kit", "tiles", "cuda" or "picked") -> median seconds
+kit_fc = lk.measured.fc_times()  # the kit's register tiles and CUDA C SGEMM, as the kit measured them on a GPU
+print(kit_fc or "no committed GPU times of the kit's fc kernels")
 rng = np.random.default_rng(0)
 for N, K, OUT in sizes:
     x, w = lk.gpu.to_device(rng.standard_normal((N, K), np.float32)), lk.gpu.to_device(rng.standard_normal((OUT, K), np.float32) / 100)
     b, out = lk.gpu.to_device(np.zeros(OUT, np.float32)), lk.gpu.buffer("measure fc1 out", (N, OUT))
     fc_times[N, "kit"] = lk.measure(lk.kernels.fc, x, w, b, out, repeat=REPEAT).median
-    fc_times[N, "tiles"] = lk.measure(lk.gemm.fc_tiles, x, w, b, out, repeat=REPEAT).median
-    print(f"fc1 at {N} images: kit {1e3 * fc_times[N, 'kit']:.3f} ms; kit's register tiles {1e3 * fc_times[N, 'tiles']:.3f} "
-          f"ms ({lk.gemm.plan(N, K, OUT)})")
-    if not lk.stages.unavailable(("cuda_c",)):
-        fc_times[N, "cuda"] = lk.measure(lk.gemm_cuda.fc_cuda, x, w, b, out, repeat=REPEAT).median
-        print(f"fc1 at {N} images: kit's CUDA C SGEMM {1e3 * fc_times[N, 'cuda']:.3f} ms "
-              f"({lk.gemm_cuda.plan(N, K, OUT, vec=lk.gemm_cuda.float4_ok(x, w))})")
+    print(f"fc1 at {N} images: kit {1e3 * fc_times[N, 'kit']:.3f} ms")
+    for kind in ("tiles", "cuda"):
+        if kit_fc and not lk.simulator.active() and kit_fc.seconds(kind, N):
+            fc_times[N, kind] = kit_fc.seconds(kind, N)  # on the kit's GPU (above), beside yours on this one
     if not checked.passed("whole_fashion"):
         print(f"fc_splitk at {N} images: not measured yet: {checked.why('whole_fashion')}; make the self-check pass first")
         continue
@@ -446,11 +453,12 @@ for i, (N, *_) in enumerate(sizes):
     if split:
         left.plot(split, [1e3 * fc_times[N, s] for s in split], "o-", color=f"C{i}", label=f"split-K, {N} images")
     left.axhline(1e3 * fc_times[N, "kit"], ls=":", color=f"C{i}")
-    left.axhline(1e3 * fc_times[N, "tiles"], ls="--", color=f"C{i}")
-    if (N, "cuda") in fc_times:
-        left.axhline(1e3 * fc_times[N, "cuda"], ls="-.", color=f"C{i}")
+    for kind, style in (("tiles", "--"), ("cuda", "-.")):
+        if (N, kind) in fc_times:
+            left.axhline(1e3 * fc_times[N, kind], ls=style, color=f"C{i}")
 left.set_xscale("log", base=2)
-left.set(yscale="log", xlabel="splits of K", ylabel="ms", title="fc1: split-K (dotted: the kit's fc, dashed: its tiles,\ndash-dot: its CUDA C SGEMM)")
+left.set(yscale="log", xlabel="splits of K", ylabel="ms", title="fc1: split-K (dotted: the kit's fc; on a GPU, from the kit's\n"
+         "committed results: dashed its tiles, dash-dot its CUDA C SGEMM)")
 middle.bar(list(call_times), [1e3 * m.median for m in call_times.values()])
 middle.set(ylabel="ms", title=f"cifar10, {wl.images} images: the whole call")
 for count in stream_counts:
@@ -468,7 +476,9 @@ for ax, ticks in ((left, counts), (right, chunks)):
         ax.legend(fontsize=8)
 if lk.simulator.active():
     fig.suptitle("simulated: these times measure the CUDA simulator, not a GPU", fontsize=9)
-fig
+yours = call_times or streamed or any((N, s) in fc_times for N, *_ in sizes for s in counts)
+fig if yours else print("Nothing of yours measured yet, so no plot: make the self-checks pass first (the kit's own "
+                        "GPU results are under \"What the kit measured\" below).")
 
 # %% [markdown]
 # ## Reflect

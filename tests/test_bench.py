@@ -455,11 +455,11 @@ def test_scrubbing_recorded_paths_is_idempotent():
     assert _scrub(once) == once  # a results file already scrubbed is shown as it is
 
 
-def test_cudnn_precision_is_one_of_the_three_paths():
+def test_cudnn_precision_is_one_of_the_three_paths_or_the_peer():
     from labkit import cudnn
 
-    assert cudnn.PRECISIONS == ("fp32", "tf32", "fp16")
-    with pytest.raises(ValueError, match="precision must be one of fp32, tf32, fp16, not 'bf16'"):
+    assert cudnn.PRECISIONS == ("fp32", "tf32", "fp16") and cudnn.PEER == "fp16-channels-last"
+    with pytest.raises(ValueError, match="precision must be one of fp32, tf32, fp16, fp16-channels-last, not 'bf16'"):
         cudnn.time_forward(None, precision="bf16")  # refused before PyTorch or a GPU is needed
 
 

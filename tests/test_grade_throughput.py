@@ -393,3 +393,37 @@ def test_every_row_and_reference_job_says_where_its_time_went(two_runs):
     ref = two_runs["into"]["meta"]["reference_jobs"]["01"]["phases_s"]  # the solution: every phase ran
     assert all(ref[p] > 0 for p in ("start", "inputs", "load", "checks", "accuracy", "timing")), ref
     assert phases.own_seconds(ref) <= two_runs["into"]["meta"]["reference_jobs"]["01"]["seconds"] + 0.1
+
+
+def test_a_per_image_variant_not_timed_runs_on_fewer_accuracy_images(tmp_path):
+    """Stage 04's per-image variants run the batched variants' kernels image by image: accuracy.per_image of the
+    images (the timed variant, per image or not, keeps them all; 0 or absent: all of them)."""
+    import random
+
+    from labkit.grading.rubric import RubricError
+
+    def read_rubric_text(text):
+        path = tmp_path / f"r{random.random()}.toml"
+        path.write_text(text)
+        return load_rubric(path)
+
+    per_image = random.randint(2, 50)
+    images = per_image + random.randint(1, 500)
+    rub = read_rubric_text(f"[accuracy]\nimages = {images}\nper_image = {per_image}\n").for_stage("04")
+
+    def spec(name, one_by_one):
+        return VariantSpec(name=name, target="gpu", arrays="device", per_image=one_by_one, nets=("cifar10", "fashion"),
+                           layers={"cifar10": ["conv1"], "fashion": ["conv1"]})
+
+    variants = {"host": spec("host", True), "device": spec("device", True), "batched": spec("batched", False)}
+    for timed in ("batched", "device"):
+        runs = StagePlan(STAGES["04"], Path("s.ipynb"), rub, variants, timed, True, "", 60.0).accuracy_runs()
+        want = {(v, n): images if (v == timed or not variants[v].per_image) else per_image
+                for v in variants for n in ("cifar10", "fashion")}
+        assert {(v, n): k for v, n, k, _ in runs} == want
+    whole = read_rubric_text(f"[accuracy]\nimages = {images}\nper_image = 0\n").for_stage("04")
+    assert {k for _, _, k, _ in StagePlan(STAGES["04"], Path("s.ipynb"), whole, variants, "batched", True, "",
+                                          60.0).accuracy_runs()} == {images}
+    assert load_rubric().for_stage("04")["accuracy"]["per_image"] == 100  # the shipped rubric's
+    with pytest.raises(RubricError, match="per_image"):
+        read_rubric_text("[accuracy]\nper_image = -1\n")

@@ -23,10 +23,16 @@ PACKAGE = REPO / "labkit"
 #: the bounds (issue 34): modules at labkit/'s root, lines of the largest module and function, labkit modules
 #: imported inside functions
 ROOT_MODULES, MODULE_LINES, FUNCTION_LINES, FUNCTION_IMPORTS = 12, 500, 60, 25
-#: labkit modules a function may import late, with the reason: none today. A late import of a labkit module hides
-#: a circle, or a dependency the layers do not show; numba.cuda and heavy optional packages (cupy, torch,
-#: matplotlib, distributed) are not labkit's and may stay late.
-LATE_IMPORTS: dict[str, str] = {}
+#: labkit modules a function may import late, by (file, module), with the reason. Any other late import of a labkit
+#: module hides a circle, or a dependency the layers do not show; numba.cuda and heavy optional packages (cupy,
+#: torch, matplotlib, distributed) are not labkit's and may stay late.
+_RELEASE = "a student release leaves it out (leave_out.LEAVE_OUT): the command says so in one line"
+LATE_IMPORTS: dict[tuple[str, str], str] = {
+    ("labkit/cli.py", "labkit.grading"): _RELEASE,
+    ("labkit/cli.py", "labkit.ladder.bench"): _RELEASE,
+    ("labkit/cli.py", "labkit.ladder.benchdoc"): _RELEASE,
+    ("labkit/cli.py", "labkit.course.release"): _RELEASE,
+}
 #: modules and functions still above the bounds, each held at its length today: a ceiling that may only go down
 #: (split one and take it off this list; a new one over the bound fails)
 LONG_MODULES = {
@@ -122,7 +128,8 @@ def test_the_contract_names_every_layer_of_the_design():
 
 
 def test_labkit_modules_are_imported_at_module_level():
-    late = [line for line in _function_imports() if line.split(":")[0] not in LATE_IMPORTS]
+    late = [line for line in _function_imports()
+            if (line.split(":")[0], line.split(" -> ")[1]) not in LATE_IMPORTS]
     assert not late, "imports of labkit modules inside functions (move them to the top of the module, or break " \
                      "the circle they hide):\n" + "\n".join(late)
 

@@ -12,6 +12,9 @@ twice from that one count: in the stub, and in the task's spec, which names the 
 ``{{lines:name}}`` ("7 lines"), or ``{{lines:a+b}}`` for a spec that covers several blocks. The solution notebook
 keeps the placeholder (its code is right below it); a name that no block has is an error.
 
+A solution cell tagged ``kit-only`` (``labkit.nbcells.KIT_ONLY_TAG``: the bench's variants of the kit's own
+kernels) is left out of the student copy.
+
 A solution notebook is built from as it is committed (its cell ids come along); its source beside it
 (``NN_topic.py``, where code and prose are edited) must hold the same cells: a pair out of step is refused (run
 ``jupytext --sync solutions/NN_topic.py`` first).
@@ -34,6 +37,7 @@ import nbformat
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from labkit import nbcells  # noqa: E402 - a notebook and its source in step
+from labkit.nbcells import KIT_ONLY_TAG  # noqa: E402 - the kit's own cells, not the students'
 from labkit.stages import STUB_MARK  # noqa: E402 - the marker the launch layer looks for
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -125,6 +129,7 @@ def render_sizes(text: str, sizes: dict[str, int]) -> str:
 def student_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb = copy.deepcopy(nb)
     sizes = block_sizes(nb)
+    nb.cells = [cell for cell in nb.cells if KIT_ONLY_TAG not in cell.get("metadata", {}).get("tags", [])]
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = stub_source(cell.source)

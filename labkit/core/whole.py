@@ -13,12 +13,24 @@ Every buffer is the lane's own (named after it), so work in flight on two lanes 
 buffer another lane made refuses in one line (the two lanes would need a synchronization between them).
 ``job.serial(raw)`` is the baseline: everything at once on the default stream from pageable memory.
 
+``job.classes`` on a lane queues a dozen launches, each a call through Python, numba or cupy and the driver. Over
+many small chunks that host time, not the GPU, set the pace: notebook 10's run in ``results/h100-2026-11-26e`` took
+23.7 to 24.2 ms for 50000 images in chunks of 2000 whether over 1, 2, 4 or 8 streams (about 1 ms a chunk, more than
+a chunk's kernels), where chunks of 10000 took 7.0 to 7.2 over 2 to 8 (``tools/end_to_end_grid.py`` times the host's
+part of each chunk). For a variant whose forward pass can be captured (``Variant(graph=True)``), a GPU with cupy,
+and no check or recording going on, the job therefore records a chunk's launches once per lane, chunk size and input
+buffer in a CUDA graph (``lk.graphs``) and replays it: one call a chunk. The first chunk of a size on a lane pays
+the capture (one call outside it, a synchronization of that lane); a capture that fails turns the graphs off for the
+job (``graph_note`` says why), and the buffer pool's release (``lk.gpu.BufferPool.generation``) makes the job
+capture again. ``Job(..., graphs=False)`` launches every time, as the simulator always does.
+
 ``check_pipeline(fn, job)`` checks a pipeline ``fn(job, raw_pinned, classes_pinned, chunk, streams)`` (the host
 bytes to host classes in chunks over ``streams`` lanes) against ``job.serial`` on fresh random bytes, the classes
-poisoned with -1 first, on cases with odd image counts, a last chunk smaller than the others and more streams
-than chunks. Writing ``fn`` is stage 10's task: the kit has no such loop. Its PASS line names what the cases
-cover, not their sizes, so that it reads the same on the simulator and on a GPU (nbval compares it). Each case runs
-as ``run_pipeline`` runs it (the grader's child calls that too, and compares in its parent): the order between
+poisoned with -1 first, on cases with odd image counts, a last chunk smaller than the others and more streams than
+chunks, with ``job.classes`` launching every time (no graphs: the delays the check queues on a GPU must not be
+waited out by a capture). Writing ``fn`` is stage 10's task: the kit has no such loop. Its PASS line names what the
+cases cover, not their sizes, so that it reads the same on the simulator and on a GPU (nbval compares it). Each case
+runs as ``run_pipeline`` runs it (the grader's child calls that too, and compares in its parent): the order between
 lanes checked by ``lk.stream_order`` (the model on the simulator, unequal delays on a GPU), raw streams refused.
 """
 
@@ -35,7 +47,7 @@ from ..launch import gpu, simulator, stream_order, streams
 from ..model import data
 from ..model.nets import Net, get_net
 from ..ops import kernels
-from . import engine
+from . import engine, graphs
 from .check import CheckResult, describe_failure
 
 
@@ -62,9 +74,11 @@ def bytes_to_input(raw, lut, x):
 
 class Job:
     """One net and variant's whole job, host bytes to host classes, in steps queued on lanes (module docstring).
-    ``weights``: host arrays by name (a workload's ``weights``), put on the device once here."""
+    ``weights``: host arrays by name (a workload's ``weights``), put on the device once here. ``graphs``: replay
+    a chunk's launches from a CUDA graph (module docstring); None: where the variant's forward pass can be
+    captured (``variant.graph``)."""
 
-    def __init__(self, net: Net | str, variant: Variant, weights: dict):
+    def __init__(self, net: Net | str, variant: Variant, weights: dict, graphs: bool | None = None):
         self.net = get_net(net)
         if variant.per_image or variant.arrays != "device" or variant.target != "gpu":
             raise ValueError(f"Job: {variant.label} must be a GPU variant with arrays='device' on the whole batch "
@@ -76,6 +90,10 @@ class Job:
         self._lanes: list[streams.Lane] = []
         self._owner: dict[int, tuple] = {}  # id(device buffer) -> (weak reference to it, lane name)
         self._chunks = 0  # uploads on lanes since run_pipeline's case began: the chunk the next one starts
+        self.graphs = bool(variant.graph) if graphs is None else bool(graphs)
+        self.graph_note = ""  # why the graphs were turned off (a capture that failed)
+        self._graphs: dict = {}  # (lane id, n, id(bytes), pool generation) -> (bytes buffer, lk.graphs.Graph)
+        self._checking = 0  # run_pipeline is running a case: launch every time
 
     def lanes(self, count: int) -> list[streams.Lane]:
         """The job's first ``count`` lanes: made once and kept, so their buffers are reused call after call."""
@@ -125,14 +143,46 @@ class Job:
         if not 0 < n <= bytes_dev.shape[0]:
             raise ValueError(f"Job.classes: n = {n}, but the bytes hold {bytes_dev.shape[0]} images")
         tag = self._tag(lane)
-        with _on(lane):
-            x = self._normalised(bytes_dev, n, tag)
-            probs = engine.forward(self.net, self.variant, engine.Prepared(x, self.weights), download=False,
-                                   tag=tag)
-            classes = gpu.buffer(f"{tag} classes", (n,), np.int32)
-            kernels.argmax_rows(probs, classes)
+        captured = self._graph(lane, bytes_dev, n, tag)
+        if captured is not None:
+            classes = captured.replay()
+        else:
+            with _on(lane):
+                classes = self._queue_classes(bytes_dev, n, tag)
         self._own(classes, lane)
         return classes
+
+    def _queue_classes(self, bytes_dev, n: int, tag: str):
+        """The launches of ``classes`` on the current lane: normalise, forward pass, argmax; the classes' buffer."""
+        x = self._normalised(bytes_dev, n, tag)
+        probs = engine.forward(self.net, self.variant, engine.Prepared(x, self.weights), download=False, tag=tag)
+        classes = gpu.buffer(f"{tag} classes", (n,), np.int32)
+        kernels.argmax_rows(probs, classes)
+        return classes
+
+    def replays(self, lane) -> bool:
+        """Whether ``classes`` on ``lane`` replays a CUDA graph now (module docstring)."""
+        return (self.graphs and not self._checking and lane is not None and lane.cupy is not None
+                and not simulator.active() and not gpu.poisoning() and not gpu._recorders)
+
+    def _graph(self, lane, bytes_dev, n: int, tag: str):
+        """The graph of ``classes`` for this lane, chunk size and input buffer (captured on first use), or None
+        where the job launches every time."""
+        if not self.replays(lane):
+            return None
+        key = (lane.id, n, id(bytes_dev), gpu.DEVICE.generation)
+        held = self._graphs.get(key)
+        if held is not None and held[0] is bytes_dev:
+            return held[1]
+        try:
+            graph = graphs.capture(lambda: self._queue_classes(bytes_dev, n, tag), lane)
+        except graphs.CaptureError as exc:
+            self.graphs, self.graph_note = False, str(exc)
+            return None
+        generation = gpu.DEVICE.generation  # a release while the capture's first call allocated: the new buffers
+        self._graphs = {k: v for k, v in self._graphs.items() if k[3] == generation}
+        self._graphs[(lane.id, n, id(bytes_dev), generation)] = (bytes_dev, graph)
+        return graph
 
     def _normalised(self, bytes_dev, n: int, tag: str):
         x = gpu.buffer(f"{tag} input", (n, *self.net.input_shape))
@@ -225,6 +275,7 @@ def run_pipeline(fn, job: Job, case: tuple[int, int, int], rng: np.random.Genera
     job._poison_classes(lanes, {min(chunk, images - first) for first in range(0, images, chunk)})
     picked = int(rng.integers(-(-images // chunk)))  # chunk i goes to lane i % count (stage 10's spec)
     job._chunks = 0
+    job._checking += 1  # no graphs: a capture's synchronization would wait out the delays
     try:
         with streams.refusing_raw_streams(), gpu.poisoned() if simulator.active() else nullcontext():
             stream_order.hold_back(lanes, lanes[picked % count], rng)
@@ -232,6 +283,7 @@ def run_pipeline(fn, job: Job, case: tuple[int, int, int], rng: np.random.Genera
             got = np.array(classes)  # as it is when fn returns: no synchronization of ours first
             late = streams.undelivered(classes)
     finally:
+        job._checking -= 1
         gpu.synchronize()  # whatever fn left in flight finishes before the next case
     if late:
         chunks = sorted({c for _, c in late if c is not None})

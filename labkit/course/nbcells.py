@@ -21,6 +21,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 KERNEL_TAG = "kernel"
+#: a solution cell for the kit's repository only (the bench's extra variants): not in a student copy
+#: (tools/make_student.py), nor in a release's given code (labkit.release)
+KIT_ONLY_TAG = "kit-only"
 SOURCE_SUFFIX = ".py"  # a notebook's source beside it: NN_topic.py for NN_topic.ipynb
 _MAGIC = re.compile(r"^\s*[%!]")
 # the cell markers the kit's jupytext settings write: "# %%", "# %% [markdown]", each with tags=[...] or not

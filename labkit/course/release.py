@@ -8,13 +8,20 @@ The leak search (``verify``) takes every line that ``tools/make_student.py`` str
 NN or later (the solution blocks, Python and CUDA C alike), whitespace-normalised, at least ``MIN_CHARS`` long, and
 not also public by construction (in a student notebook of any stage, or in the released given code, as a line or
 within one), and looks for it in every file of the release: inside JSON strings (notebooks, results), text files,
-and the bytes of the rest. In the kit's own Python a single line of a stage is not counted (``_copied``).
-``build`` runs it and fails when it finds anything.
+and the bytes of the rest. In the kit's own Python a single line of a stage is not counted (``_copied``). It also
+looks for the shapes of those stages' answers in every Python file and notebook code cell (``labkit.answer_shapes``:
+a split-K loop, a graph captured and replayed, chunks over lanes), for kit files a release leaves out, and for
+code that uses one (``missing``). ``build`` runs it and fails when it finds anything.
+
+What of the kit's own code a release leaves out (code that answers a task of the milestone's stage or a later one,
+and the maintainers' machinery) is declared in ``labkit.leave_out``.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import hashlib
 import importlib.util
 import json
 import re
@@ -25,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..outputs import OutputError, writable_folder
-from . import given, nbcells
+from . import answer_shapes, given, nbcells
+from .leave_out import LeftOut, kit_left_out, left_out, missing, python_sources
 from .stages import REPO, STAGES, STUB_MARK, solution
 
 MIN_CHARS = 12  # shorter solution lines ("return out", "acc = 0.0") are too common to mean anything
@@ -74,15 +82,23 @@ def _solution(repo: Path, number: str) -> Path:
 
 
 def stripped_lines(solution_nb, student_nb) -> list[str]:
-    """The lines of the solution's code cells that its student copy does not have: the solution blocks' text."""
+    """The lines of the solution's code cells that its student copy does not have: the solution blocks' text, and
+    the whole of a cell the copy leaves out (``kit-only``). Cells are paired by id (a student copy keeps its
+    solution's), else in order."""
     out = []
-    pairs = zip(solution_nb.cells, student_nb.cells) if len(solution_nb.cells) == len(student_nb.cells) else \
-        [(type("C", (), {"cell_type": "code", "source": "\n".join(c.source for c in solution_nb.cells)}),
-          type("C", (), {"source": "\n".join(c.source for c in student_nb.cells)}))]
+    ids = [c.get("id") for c in student_nb.cells]
+    if all(ids) and len(set(ids)) == len(ids):
+        by_id = {c.get("id"): c for c in student_nb.cells}
+        pairs = [(sol, by_id.get(sol.get("id"))) for sol in solution_nb.cells]
+    elif len(solution_nb.cells) == len(student_nb.cells):
+        pairs = list(zip(solution_nb.cells, student_nb.cells))
+    else:
+        pairs = [(type("C", (), {"cell_type": "code", "source": "\n".join(c.source for c in solution_nb.cells)}),
+                  type("C", (), {"source": "\n".join(c.source for c in student_nb.cells)}))]
     for sol, stu in pairs:
         if sol.cell_type != "code":
             continue
-        a, b = sol.source.splitlines(), stu.source.splitlines()
+        a, b = sol.source.splitlines(), stu.source.splitlines() if stu is not None else []
         for op, i1, i2, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
             if op in ("delete", "replace"):
                 out.extend(a[i1:i2])
@@ -149,22 +165,39 @@ def _strings(value) -> list[str]:
     return []
 
 
-def _texts(path: Path) -> tuple[str | None, bytes]:
-    """A file's searchable text (JSON strings unescaped, whitespace normalised per line) and its raw bytes."""
+#: (suffix, content digest) -> (searchable text, line -> found): a file searched again (the results every milestone
+#: ships, in a run that builds several) is not read into text and searched for the same line twice
+_SEARCHED: dict[tuple[str, bytes], tuple[str | None, dict[str, bool]]] = {}
+
+
+def _search(path: Path, lines) -> tuple[str | None, bytes, list[str]]:
+    """A file's text (None: binary), its bytes, and which of ``lines`` it holds (in its text, or its bytes)."""
     raw = path.read_bytes()
+    key = (path.suffix, hashlib.blake2b(raw, digest_size=16).digest())
+    if key not in _SEARCHED:
+        _SEARCHED[key] = (_text_of(path.suffix, raw), {})
+    text, seen = _SEARCHED[key]
+    for line in lines:
+        if line not in seen:
+            seen[line] = line in text if text is not None else line.encode("utf-8") in raw
+    return text, raw, [line for line in lines if seen[line]]
+
+
+def _text_of(suffix: str, raw: bytes) -> str | None:
+    """A file's searchable text: JSON strings unescaped, whitespace normalised per line; None for a binary file."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return None, raw
+        return None
     parts = [text]
     try:
-        if path.suffix in (".json", ".ipynb"):
+        if suffix in (".json", ".ipynb"):
             parts += _strings(json.loads(text))
-        elif path.suffix == ".jsonl":
+        elif suffix == ".jsonl":
             parts += [s for line in text.splitlines() if line.strip() for s in _strings(json.loads(line))]
     except ValueError:
         pass  # not JSON after all: its text is searched as it is
-    return "\n".join(_norm(line) for part in parts for line in part.splitlines()), raw
+    return "\n".join(_norm(line) for part in parts for line in part.splitlines())
 
 
 @dataclass
@@ -174,10 +207,20 @@ class Verification:
     files: int = 0
     binary: int = 0
     hits: list[tuple[str, str, str]] = field(default_factory=list)  # (file, stage, line)
+    shapes: list[tuple[str, str, str]] = field(default_factory=list)  # (file, stage, shape and where)
+    kept: list[tuple[str, LeftOut]] = field(default_factory=list)  # kit files the release leaves out, found there
+    missing: list[tuple[str, str]] = field(default_factory=list)  # (file, a use of kit code the release leaves out)
 
     @property
     def clean(self) -> bool:
-        return not self.hits
+        return not (self.hits or self.shapes or self.kept or self.missing)
+
+    def found(self) -> str:
+        """What the search found, counted in one clause ("2 solution lines, 1 answer shape")."""
+        counts = ((self.hits, "solution line", "solution lines"), (self.shapes, "answer shape", "answer shapes"),
+                  (self.kept, "file of left-out kit code", "files of left-out kit code"),
+                  (self.missing, "use of left-out kit code", "uses of left-out kit code"))
+        return ", ".join(f"{len(x)} {one if len(x) == 1 else many}" for x, one, many in counts if x) or "nothing"
 
     def report(self) -> str:
         s = self.secrets
@@ -188,11 +231,30 @@ class Verification:
         for number in stages:
             lines.append(f"  stage {number}: {len(s.lines[number])} lines searched for ({s.public[number]} public "
                          f"anyway, {s.short[number]} shorter than {MIN_CHARS} characters)")
+        shapes = answer_shapes.of_stages(s.milestone)
+        if shapes:
+            lines.append("and its Python (notebooks' code cells too) for the shapes of those stages' answers: "
+                         + "; ".join(f"{x.name} (stage {x.stage}: {x.what})" for x in shapes))
+        out = left_out(s.milestone)
+        lines.append(f"and for the kit's code a release of milestone {s.milestone} leaves out, and code using it: "
+                     + "; ".join(f"{concern} " + ", ".join(n for n, i in out.items() if i.concern == concern)
+                                 for concern in ("answers", "machinery")))
         if self.clean:
             lines.append("found: nothing")
-        else:
+            return "\n".join(lines)
+        if self.hits:
             lines.append(f"found: {len(self.hits)} solution line(s) in the release:")
             lines += [f"  {file}: stage {number}: {line}" for file, number, line in self.hits]
+        if self.shapes:
+            lines.append(f"found: {len(self.shapes)} answer shape(s) in the release:")
+            lines += [f"  {file}: stage {number}: {what}" for file, number, what in self.shapes]
+        if self.kept:
+            lines.append(f"found: {len(self.kept)} file(s) of kit code a release of milestone {s.milestone} leaves "
+                         f"out:")
+            lines += [f"  {file}: {item.concern}: {item.why}" for file, item in self.kept]
+        if self.missing:
+            lines.append(f"found: {len(self.missing)} use(s) of kit code this release leaves out:")
+            lines += [f"  {file}: {what}" for file, what in self.missing]
         return "\n".join(lines)
 
 
@@ -202,7 +264,8 @@ def _released_files(folder: Path) -> list[Path]:
 
 def verify(folder: Path, milestone: str | None = None, repo: Path = REPO, found: Secrets | None = None) -> Verification:
     """Search every file under ``folder`` for every solution line of stages ``milestone``..last (the milestone of
-    the release's manifest when not given)."""
+    the release's manifest when not given), its Python for the shapes of those stages' answers, and the kit in it
+    for code that a release of ``milestone`` leaves out and for uses of that code."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ReleaseError(f"no folder {folder} to search")
@@ -215,23 +278,25 @@ def verify(folder: Path, milestone: str | None = None, repo: Path = REPO, found:
     found = found or secrets(milestone, repo)
     table = found.all()
     result = Verification(folder, found)
-    encoded = [(line.encode("utf-8"), line) for line in table]
     for path in _released_files(folder):
         result.files += 1
-        text, raw = _texts(path)
-        if text is None:
-            result.binary += 1
-            hits = [line for data, line in encoded if data in raw]
-        else:
-            hits = [line for line in table if line in text]
+        text, raw, hits = _search(path, table)
+        result.binary += text is None
         rel = path.relative_to(folder).as_posix()
         result.hits += [(rel, table[line], line) for line in _copied(rel, hits, table)]
+        if text is not None:
+            result.shapes += [(rel, f.shape.stage, f"{where}{f}") for where, src in python_sources(path, raw)
+                              for f in answer_shapes.find(src, answer_shapes.of_stages(milestone))]
+        item = kit_left_out(path.relative_to(folder / "labkit"), milestone) if rel.startswith("labkit/") else None
+        if item is not None:
+            result.kept.append((rel, item))
+    result.missing = missing(folder, milestone)
     return result
 
 
 def _copied(rel: str, hits: list[str], table: dict[str, str]) -> list[str]:
-    """The hits that count. In the kit's own Python (``labkit/`` and its ``tests/``, released whole to every
-    milestone) one line of a stage's solution alone is a common line of index arithmetic or a type test
+    """The hits that count. In the kit's own Python (``labkit/`` and its ``tests/``, released to every milestone
+    less ``LEAVE_OUT``) one line of a stage's solution alone is a common line of index arithmetic or a type test
     (``i = (t // Wo) % Ho``), not its answer: there a stage's lines count from the second one in the same file on.
     Anywhere else (notebooks, docs, results) every line counts. Lines of ``KIT_OWN_STAGES`` never count in the
     kit's Python."""
@@ -257,12 +322,13 @@ def _tracked(repo: Path, folder: Path) -> set[Path] | None:
     return {repo / name for name in listed.stdout.split("\0") if name} if listed.returncode == 0 else None
 
 
-def _copy_tree(src: Path, dst: Path, repo: Path, skip_suffixes=(), skip_names=()) -> None:
+def _copy_tree(src: Path, dst: Path, repo: Path, skip_suffixes=(), skip_names=(), skip=None) -> None:
     tracked = _tracked(repo, src)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
         if not path.is_file() or set(rel.parts) & _SKIP_DIRS or path.suffix in (".pyc", *skip_suffixes) \
-                or rel.parts[0] in skip_names or (tracked is not None and path not in tracked):
+                or rel.parts[0] in skip_names or (tracked is not None and path not in tracked) \
+                or (skip is not None and skip(rel)):
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dst / rel)
@@ -398,7 +464,9 @@ def _given_code(repo: Path, out: Path, milestone: str) -> dict[str, str]:
     for number, stage in STAGES.items():
         if number >= milestone:
             continue
-        cells = nbcells.tagged_cells(nbcells.read(solution(number, _solution(repo, number).parent)))
+        nb = nbcells.read(solution(number, _solution(repo, number).parent))
+        cells = [(i, src) for i, src in nbcells.tagged_cells(nb)
+                 if nbcells.KIT_ONLY_TAG not in nb.cells[i].get("metadata", {}).get("tags", [])]
         if cells:
             name = stage.notebook.replace(".ipynb", ".py")
             (folder / name).write_text(given.render(number, stage.notebook, stage.title, cells, milestone))
@@ -429,7 +497,7 @@ def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False, force
         _solution(repo, number)
     _prepare(out, repo, milestone, force)
     ms = _make_student(repo)
-    _copy_tree(repo / "labkit", out / "labkit", repo)
+    _copy_tree(repo / "labkit", out / "labkit", repo, skip=lambda rel: kit_left_out(rel, milestone) is not None)
     files = _given_code(repo, out, milestone)
     (out / "notebooks").mkdir()
     for number, stage in STAGES.items():
@@ -453,8 +521,7 @@ def build(milestone: str, out: Path, repo: Path = REPO, git: bool = False, force
     (out / "README.md").write_text(_readme(milestone, files))
     result = verify(out, milestone, repo)
     if not result.clean:
-        raise ReleaseError(f"{len(result.hits)} solution line(s) found in {out}, which must not be published:\n"
-                           + result.report())
+        raise ReleaseError(f"{out} must not be published: its search found {result.found()}:\n" + result.report())
     if git:
         _commit(out, milestone)
     return result

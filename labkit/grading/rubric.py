@@ -24,7 +24,7 @@ SECTIONS = {
     "limits": {"time_s": (int, float), "sim_time_s": (int, float), "time_factor": (int, float),
                "min_time_s": (int, float), "memory_mb": int, "max_file_mb": int},
     "checks": {"batches": list, "tol": (int, float), "own_kernel": bool, "own_layers": list},
-    "accuracy": {"images": int},
+    "accuracy": {"images": int, "per_image": int},
     "timing": {"images": int, "warmup": int, "repeat": int},
     "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float),
                "technique": (int, float)},
@@ -32,7 +32,8 @@ SECTIONS = {
     "op_time": {"full_at_ratio": (int, float), "zero_at_ratio": (int, float), "requires_accuracy": bool,
                 "when_not_measured": str},
 }
-OPTIONAL = {("checks", "batches"), ("checks", "own_layers")}  # absent: labkit.check.BATCHES; ["conv"]
+OPTIONAL = {("checks", "batches"), ("checks", "own_layers"), ("accuracy", "per_image")}  # absent: labkit.check.BATCHES;
+# ["conv"]; every image
 OWN_LAYERS = ("conv", "fc")  # layer kinds a stage may name as its own work (checks.own_layers)
 STAGE_KEYS = {"variants": list, "timed_variant": str, "tasks": dict}  # tasks: a task's own points (labkit.tasks)
 NOT_MEASURED = ("exclude", "full", "zero")
@@ -108,7 +109,7 @@ def _check_values(where: str, label: str, r: dict) -> None:
     if not 0 < op["full_at_ratio"] < op["zero_at_ratio"]:
         raise RubricError(f"{where} ({label}): need 0 < op_time.full_at_ratio < op_time.zero_at_ratio")
     if r["timing"]["repeat"] < 1 or r["timing"]["warmup"] < 0 or r["timing"]["images"] < 1 \
-            or r["accuracy"]["images"] < 1:
+            or r["accuracy"]["images"] < 1 or r["accuracy"].get("per_image", 0) < 0:
         raise RubricError(f"{where} ({label}): image counts and timing.repeat must be >= 1, warmup >= 0")
     memory = r["technique"]["memory"]
     if memory not in ("", "shared", "constant"):

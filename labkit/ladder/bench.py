@@ -41,7 +41,7 @@ from ..model.nets import get_net, net_cost
 from ..model.weights_io import NOT_SHIPPED, course_weights, random_weights
 from ..ops import tensor_cores
 from ..outputs import OutputError, contents, listed, writable_folder, write_or_fallback
-from . import bench_whole, ceilings, cudnn, plots, unfinished
+from . import bench_whole, benchdoc, ceilings, cudnn, plots, unfinished
 
 REFERENCE_STAGE = stages.REFERENCE_LABEL
 
@@ -341,7 +341,7 @@ def _whole_call(wl, variant, repeat: int, budget_s: float | None, per_layer: Run
         out = bench_whole.whole_call(wl, variant, repeat, budget_s, per_layer_pass_s=slowest, managed=managed)
     except Exception as exc:  # noqa: BLE001 - recorded in the row
         return {"whole_call_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-    return {**out, **bench_whole.floor(wl.net, wl.images, out["whole_call_s"])}
+    return {**out, **bench_whole.floor(wl.net, wl.images, out["whole_call_s"], variant)}
 
 
 def _end_to_end(label: str, name: str, variant, images: int, reference_of, repeat: int,
@@ -404,7 +404,40 @@ def _baselines(net: str, n: int, reference_of, ledger, command, repeat) -> list[
         except Exception as exc:  # noqa: BLE001 - the per-layer row stays
             row["whole_call_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         rows.append(row)
+        rows.append(_peer(wl, n, ref_pred, ledger, command, repeat))
     return rows
+
+
+def _peer(wl, n: int, ref_pred, ledger, command, repeat) -> dict:
+    """cuDNN as stage 10's peer (``cudnn.PEER``: fp16, channels_last), in the same process as its fp32 row: its
+    layers timed one by one, its whole call a CUDA graph replay and the probabilities copied to the host; the
+    predictions compared with the numpy reference's (``predictions_differing``: fp16 may move a few). The fp32
+    floor's fraction only: the units' floor (``labkit.floors``) is the kit's fp32-accurate one."""
+    row = {"stage": cudnn.stage_label(_torch_version(), cudnn.PEER), "variant": "cudnn_peer", "net": wl.net.name,
+           "images": n, "target": "gpu", "checks": "-", "simulated": False, "workload": wl.note}
+    try:
+        rep, preds = cudnn.time_forward(wl, repeat=max(repeat, 5), precision=cudnn.PEER)
+        ledger.record(rep, command=command)
+        row.update(stage=rep.stage, **_row_numbers(rep, wl.net), accuracy=rep.accuracy,
+                   predictions_equal=bool(np.array_equal(preds, ref_pred)),
+                   predictions_differing=int(np.count_nonzero(preds != ref_pred)))
+        seconds, _ = cudnn.peer_call(wl, repeat=max(repeat, 5))
+        whole = float(np.median(seconds))
+        row.update(whole_call_s=whole, whole_call_range=(min(seconds), max(seconds)), whole_call_runs=len(seconds),
+                   whole_call_how=cudnn.PEER_WHOLE_CALL,
+                   **{k: v for k, v in bench_whole.floor(wl.net, n, whole).items() if not k.startswith("limit")})
+    except Exception as exc:  # noqa: BLE001 - one line in the row; the ladder goes on
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return row
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return torch.__version__
+    except ImportError:
+        return "not installed"
 
 
 CUDNN_WHOLE_CALL = "torch forward (launches + output copy to host)"
@@ -581,7 +614,8 @@ def _write(out: Path, rows: list[dict], command: str, append: bool = False) -> P
 def _write_files(out: Path, rows: list[dict], command: str, meta: dict) -> None:
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     fields = ["stage", "net", "images", "checks", "total_s", "whole_call_s", "whole_call_how", "floor_fraction",
-              "conv_s", "conv_gflops", "conv_gbs", "accuracy", "reference_accuracy", "predictions_equal", "e2e_s",
+              "limit_s", "limit_fraction", "conv_s", "conv_gflops", "conv_gbs", "accuracy", "reference_accuracy",
+              "predictions_equal", "e2e_s",
               "chunk", "streams", "classes_differing", "simulated", "skipped", "error"]
     with open(out / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
@@ -628,12 +662,14 @@ def table(rows: list[dict]) -> str:
     """Stage ladder as text: one line per run; speedup over the baseline of the same net and image count
     (``labkit.stages.speedup_baseline``: the numpy reference when it ran); ``whole s``: the whole call
     (``bench_whole``: launches and download, a graph replay where the variant has one: marked ``g``); ``%floor``:
-    the fp32 floor over the whole call; ``runs``: the timed runs its times are the median of. End-to-end rows
-    (host bytes to host classes) follow in a table of their own."""
+    the fp32 floor over the whole call; ``%limit``: the floor of the units the call runs on (``labkit.floors``)
+    over the whole call; ``runs``: the timed runs its times are the median of. End-to-end rows (host bytes to
+    host classes) follow in a table of their own; then each workload's whole calls against the peers
+    (``peers``)."""
     ladder = [r for r in rows if r.get("kind") != "end_to_end"]
     lines = [f"{'stage':<34} {'net':<8} {'images':>6} {'check':<5} {'total s':>10} {'whole s':>11} {'conv s':>10} "
-             f"{'conv GF/s':>9} {'conv GB/s':>9} {'%floor':>6} {'speedup':>8} {'accuracy':>8} {'=ref':>4} "
-             f"{'runs':>4}"]
+             f"{'conv GF/s':>9} {'conv GB/s':>9} {'%floor':>6} {'%limit':>6} {'speedup':>8} {'accuracy':>8} "
+             f"{'=ref':>4} {'runs':>4}"]
     timed: dict = {}
     for r in ladder:
         if "total_s" in r:
@@ -651,10 +687,11 @@ def table(rows: list[dict]) -> str:
         whole = "-" if r.get("whole_call_s") is None else \
             f"{r['whole_call_s']:.6f}" + ("g" if r.get("whole_call_how") == bench_whole.WHOLE_CALL_GRAPH else " ")
         floor = "-" if r.get("floor_fraction") is None else f"{100 * r['floor_fraction']:.1f}"
+        limit = "-" if r.get("limit_fraction") is None else f"{100 * r['limit_fraction']:.1f}"
         lines.append(f"{r['stage']:<34} {r['net']:<8} {r['images']:>6} {r.get('checks', ''):<5} "
                      f"{r['total_s']:>10.6f} {whole:>11} {r['conv_s']:>10.6f} {gf:>9} {gb:>9} {floor:>6} "
-                     f"{base[key] / r['total_s']:>7.1f}x {acc:>8} {_yes_no(r.get('predictions_equal')):>4} "
-                     f"{r.get('runs', '?'):>4}")
+                     f"{limit:>6} {base[key] / r['total_s']:>7.1f}x {acc:>8} "
+                     f"{_yes_no(r.get('predictions_equal')):>4} {r.get('runs', '?'):>4}")
     e2e = [r for r in rows if r.get("kind") == "end_to_end"]
     if e2e:
         lines += ["", "end to end: uint8 images on the host to classes on the host",
@@ -667,4 +704,8 @@ def table(rows: list[dict]) -> str:
             same = "yes" if r.get("classes_equal") else f"NO ({r.get('classes_differing')})"
             lines.append(f"{r['stage']:<64} {r['images']:>6} {r['e2e_s']:>10.6f} {f'{lo:.6f}-{hi:.6f}':>21} "
                          f"{r['e2e_runs']:>4} {same:>4}")
+    said = benchdoc.peers(ladder)
+    if said:
+        lines += ["", "whole calls against the peers and the units' floor", *said]
     return "\n".join(lines)
+

@@ -8,6 +8,9 @@
   untimed call of seconds would only cost the ladder time; its label says so.
 - **floor fraction**: the net's FLOPs (``nets.net_cost``) at the device's fp32 peak (``labkit.ceilings``) over
   the whole call: how close the call comes to the time the arithmetic alone would take. Only for GPU timings.
+- **limit fraction**: the floor of the units the call runs on (``labkit.floors``: per layer, its useful
+  multiply-adds times its method's passes at the measured rate of its unit, or its compulsory bytes at the measured
+  copy bandwidth, whichever is longer) over the whole call. Only for GPU timings on a device with measured rates.
 - **end to end**: for a ``Variant(pipeline=...)``, stored CIFAR-10 bytes on the host to classes on the host
   (``lk.whole.Job``): the variant's pipeline from pinned memory in chunks over streams, and ``Job.serial`` (one
   stream, pageable), every image's class compared with the numpy reference's prediction.
@@ -24,14 +27,16 @@ from ..launch import device, gpu, simulator, streams
 from ..measuring.timing import Clock
 from ..model import data, reference
 from ..model.nets import net_cost
-from . import ceilings
+from . import ceilings, floors
 
 WHOLE_CALL_ENGINE = "engine.forward (launches + output download)"
 WHOLE_CALL_GRAPH = "CUDA graph replay + output download"
 #: a slow row's whole call: no untimed call of its own (``own_warmup``)
 WHOLE_CALL_WARMED = f"{WHOLE_CALL_ENGINE}, warmed by the per-layer passes before it (no untimed call of its own)"
-#: (chunk, streams) of a pipeline's end-to-end rows on a GPU (the probe's best were chunks of 5000 over 4 streams)
-E2E_CONFIGS = ((50000, 1), (10000, 2), (5000, 4))
+#: (chunk, streams) of a pipeline's end-to-end rows on a GPU (the probe's best were chunks of 5000 over 4 streams;
+#: chunks of 2500 over 4 were issue 35's cliff, 29 ms where the best took 7; ``tools/end_to_end_grid.py`` times
+#: the whole grid)
+E2E_CONFIGS = ((50000, 1), (10000, 2), (5000, 4), (2500, 4))
 #: on the simulator: a few images, a last chunk smaller than the others
 E2E_IMAGES_SIMULATOR = 3
 E2E_CONFIGS_SIMULATOR = ((2, 2),)
@@ -93,16 +98,29 @@ def whole_call(wl, variant, repeat: int, budget_s: float | None = None, *, per_l
     return {**_spread("whole_call", timed(call, repeat, budget_s)), "whole_call_how": how}
 
 
-def floor(net, images: int, whole_s: float | None) -> dict:
-    """``floor_s`` (the net's FLOPs at the device's fp32 peak) and ``floor_fraction`` (floor_s / whole_s) on a
-    GPU whose ceilings are known; nothing elsewhere (simulator, CPU rows)."""
+def floor(net, images: int, whole_s: float | None, variant=None, methods: dict | None = None) -> dict:
+    """On a GPU: ``floor_s`` (the net's FLOPs at the device's fp32 peak) and ``floor_fraction`` (floor_s /
+    whole_s) where its ceilings are known; ``limit_s``, ``limit_fraction``, ``limit_bounds`` and
+    ``limit_source`` (``labkit.floors``: per layer the larger of its method's passes at its unit's measured rate and
+    its compulsory bytes at the copy bandwidth, summed) where the device's unit rates are known, the methods
+    those of ``variant``'s layer functions at ``images`` and its groups those of its ``fuse`` (``methods``: given
+    instead; without a variant every layer alone, FMA where ``methods`` names none). Nothing elsewhere (simulator,
+    CPU rows)."""
     if device.info().kind != "gpu" or not whole_s:
         return {}
+    out = {}
     roof = ceilings.for_device(device.label())
-    if roof is None:
-        return {}
-    floor_s = sum(c.flops for c in net_cost(net, images).values()) / roof.flops
-    return {"floor_s": floor_s, "floor_fraction": floor_s / whole_s}
+    if roof is not None:
+        floor_s = sum(c.flops for c in net_cost(net, images).values()) / roof.flops
+        out.update(floor_s=floor_s, floor_fraction=floor_s / whole_s)
+    rates = floors.rates_for(device.label())
+    if rates is not None:
+        if methods is None:
+            methods = floors.variant_methods(net, variant, images) if variant is not None else {}
+        limit = floors.net_floor(net, images, rates, methods, variant.fuse if variant is not None else ())
+        out.update(limit_s=limit.seconds, limit_fraction=limit.seconds / whole_s, limit_bounds=limit.bounds(),
+                   limit_source=rates.source)
+    return out
 
 
 def _bytes_and_truth(wl, ref_predictions: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str]:
@@ -158,7 +176,10 @@ def end_to_end(label: str, name: str, variant, wl, ref_predictions, repeat: int,
             pipeline()
             first = _compared(np.array(classes), truth)  # as the pipeline left them: no synchronization of ours
             gpu.synchronize()
-            row.update(_spread("e2e", timed(pipeline, repeat, budget_s)), **first)
+            row.update(_spread("e2e", timed(pipeline, repeat, budget_s)), **first,
+                       job_graphs=job.replays(job.lanes(1)[0]))  # Job.classes replayed CUDA graphs (lk.whole)
+            if job.graph_note:
+                row["job_graph_note"] = job.graph_note
         except Exception as exc:  # noqa: BLE001 - a broken pipeline must not stop the ladder
             gpu.synchronize()
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -35,7 +35,12 @@ events around every launch, the gaps between them and the download of the class 
 replay of the forward captured in a CUDA graph, then the download), the median of its runs; *% of floor* is the
 net's FLOPs at the device's fp32 peak over that whole call. Both ceilings are the FMA units'; the convs stage 10
 runs on the tensor cores (`labkit.tensor_cores`, fp32's accuracy from three fp16 products) are not bound by them, so
-there *% fp32* and *% of floor* can pass 100. *End to end* tables time a stage's pipeline from
+there *% fp32* and *% of floor* can pass 100. *% of limit* is the floor of the units the call runs on over the
+whole call (`labkit.floors`: per layer, its useful multiply-adds times the passes its method issues at the measured
+rate of its unit, `mma.sync` fp16 or TF32 or FMA, or its compulsory bytes at the measured copy bandwidth, whichever
+is longer, summed over the layers; rates from `tools/mma_rates.py` on the device); below each table, stage 10's whole
+calls against cuDNN fp32's and the peer's (cuDNN fp16, channels_last, a CUDA graph replay, measured in the same
+process) and what bounds each layer of that floor. *End to end* tables time a stage's pipeline from
 uint8 images on the host to classes on the host (pinned memory, chunks over streams) beside `Job.serial` (one
 stream, pageable), every image's class compared with the numpy reference's (*= ref*).
 """
@@ -155,6 +160,9 @@ def _section(folder: Path, bench: dict, doc: Path, img_dir: Path) -> str:
         lines += ["", f"### {net}, {n} images"]
         if ladder:
             lines += ["", *_table(ladder, roof)]
+            said = peers(ladder)
+            if said:
+                lines += ["", *(f"- {_cell(line)}" for line in said)]
         if e2e:
             lines += ["", f"End to end, {n} uint8 images on the host to classes on the host:", "", *_e2e_table(e2e)]
         untimed = [r for r in ladder if "total_s" not in r]
@@ -216,7 +224,7 @@ def _table(rows: list[dict], roof: dict | None) -> list[str]:
     ref = _baseline(rows, lambda r: r.get("stage") == REFERENCE_LABEL)
     cudnn = _baseline(rows, _is_cudnn)
     out = [("| stage | checks | total s | conv s | conv GFLOP/s | conv GB/s | % fp32 | speedup | time / cuDNN "
-            "| accuracy % | = ref | whole call s | % of floor |"), "|" + "---|" * 13]
+            "| accuracy % | = ref | whole call s | % of floor | % of limit |"), "|" + "---|" * 14]
     for r in rows:
         if "total_s" not in r:
             continue
@@ -231,7 +239,8 @@ def _table(rows: list[dict], roof: dict | None) -> list[str]:
                    f"{speedup} | "
                    f"{_ratio(t / cudnn) if cudnn else '-'} | {_f(acc, '.2f')} | "
                    f"{'-' if same is None else 'yes' if same else 'NO'} | {_whole(r)} | "
-                   f"{_pct(None if r.get('floor_fraction') is None else 100 * r['floor_fraction'])} |")
+                   f"{_pct(None if r.get('floor_fraction') is None else 100 * r['floor_fraction'])} | "
+                   f"{_pct(None if r.get('limit_fraction') is None else 100 * r['limit_fraction'])} |")
     return out
 
 
@@ -321,3 +330,29 @@ def _dominant(row: dict) -> str:
     name, secs = max(layers.items(), key=lambda kv: kv[1])
     conv = f" (conv layers {_pct(100 * row['conv_s'] / total)} %)" if row.get("conv_s") else ""
     return f"`{name}` takes the most time, {_pct(100 * secs / total)} % of the total{conv}."
+
+
+def _is_peer(r: dict, which: str) -> bool:
+    return r.get("variant") == which and r.get("whole_call_s")
+
+
+def peers(rows: list[dict]) -> list[str]:
+    """One line per stage 10 row with a whole call: its whole call; cuDNN fp32's and the peer's (``cudnn.PEER``:
+    fp16, channels_last, CUDA graph) on the same workload, each with its time over the stage's; and its units'
+    floor (``labkit.floors``) with the share of it the call reaches and what bounds each layer there."""
+    out = []
+    for r in rows:
+        if not str(r.get("stage", "")).startswith("10 ") or not r.get("whole_call_s"):
+            continue
+        same = [p for p in rows if (p.get("net"), p.get("images")) == (r["net"], r["images"])]
+        w = r["whole_call_s"]
+        parts = [f"{r['stage']} ({r['net']}, {r['images']} images): whole call {1e3 * w:.4g} ms"]
+        for which, name in (("cudnn", "cuDNN fp32"), ("cudnn_peer", "cuDNN fp16 channels_last graph")):
+            peer = next((p for p in same if _is_peer(p, which)), None)
+            if peer is not None:
+                parts.append(f"{name} {1e3 * peer['whole_call_s']:.4g} ms ({peer['whole_call_s'] / w:.2f}x its time)")
+        if r.get("limit_s"):
+            parts.append(f"its units' floor {1e3 * r['limit_s']:.4g} ms, {_pct(100 * r['limit_fraction'])} % of the "
+                         f"call ({r.get('limit_bounds', '')})")
+        out.append("; ".join(parts))
+    return out

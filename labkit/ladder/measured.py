@@ -187,6 +187,52 @@ def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RES
     return res
 
 
+#: the kit's fc kernels as ``tools/fc_gemm_timing.py`` labels them in its ``fc_gemm_timing.json`` (the CUDA C SGEMM
+#: in its default configuration, ``labkit.gemm_cuda.DEFAULT``): the code is not in a student release (it answers
+#: stage 10's task 1), so notebook 10 compares the student's fc with these committed times
+FC_KERNELS = {"tiles": ("lk.gemm.fc_tiles", "the kit's register tiles"),
+              "cuda": ("lk.gemm_cuda.fc_cuda[k8:", "the kit's CUDA C SGEMM")}
+
+
+@dataclass
+class FcTimes:
+    """The kit's fc kernels timed alone on a GPU (one committed ``fc_gemm_timing.json``)."""
+
+    path: Path
+    device: str
+    date: str
+    rows: list[dict]
+
+    def seconds(self, kernel: str, images: int, layer: str = "fashion fc1") -> float | None:
+        """The median time of ``kernel`` ("tiles", "cuda": ``FC_KERNELS``) on ``layer`` at ``images`` images."""
+        prefix = FC_KERNELS[kernel][0]
+        return next((row["time"]["median_ms"] / 1e3 for row in self.rows if row.get("layer") == layer
+                     and row.get("images") == images and str(row.get("kernel", "")).startswith(prefix)
+                     and "time" in row), None)
+
+    def __str__(self) -> str:
+        lines = [f"the kit's fc1 kernels measured on {self.device}, {self.date} ({_where(self.path.parent)}/, "
+                 f"tools/fc_gemm_timing.py):"]
+        for images in sorted({r["images"] for r in self.rows if r.get("layer") == "fashion fc1"}):
+            found = [(what, self.seconds(kind, images)) for kind, (_, what) in FC_KERNELS.items()]
+            lines.append(f"  fc1 at {images} images: " + "; ".join(f"{what} {1e3 * s:.3f} ms" for what, s in found
+                                                                    if s is not None))
+        return "\n".join(lines)
+
+
+def fc_times(root: Path = RESULTS) -> FcTimes | None:
+    """The newest committed timings of the kit's fc kernels (``tools/fc_gemm_timing.py``), None if none."""
+    found = []
+    for path in finished(root, "fc_gemm_timing.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and not data.get("quick") and data.get("rows"):
+            found.append(FcTimes(path, str(data.get("device", "?")), str(data.get("date", "?"))[:10], data["rows"]))
+    return max(found, key=lambda t: t.date, default=None)
+
+
 README_BEGIN, README_END = "<!-- measured:begin -->", "<!-- measured:end -->"
 
 

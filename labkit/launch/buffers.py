@@ -59,6 +59,8 @@ class BufferPool:
         self.held = 0
         self.limit: float | None = None
         self.handed = 0  # arrays handed out so far: the bench asks whether a variant's run took managed memory
+        self.allocations = 0  # arrays allocated so far (a timed call that allocates shows here)
+        self.generation = 0  # releases so far: what holds a pooled array's address (a CUDA graph) checks this
 
     def get(self, role: str, shape, dtype=np.float32):
         """The array for ``role``, ``shape`` and ``dtype``. Inside ``with lane:`` (``lk.streams``) each lane has
@@ -105,6 +107,7 @@ class BufferPool:
         else:  # the simulator has no unified memory: a numpy array it copies in and out at every launch
             array = np.empty(shape, dtype)
         self.held += nbytes
+        self.allocations += 1
         return array
 
     def release(self) -> None:
@@ -112,6 +115,7 @@ class BufferPool:
         self._arrays.clear()
         self.held = 0
         self.limit = None
+        self.generation += 1
         if free_memory() is not None:
             from numba import cuda
 

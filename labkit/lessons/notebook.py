@@ -130,8 +130,9 @@ def committed(stage: str) -> measured.Results | None:
 def ladder(stage: str, net: str = "cifar10", images: int | None = None, runs: dict[str, NetRun] | None = None,
            ax=None):
     """The speed ladder of this stage against the earlier ones: from this machine's ledger on a GPU (or for CPU
-    stages), else from the kit's committed GPU results, labelled with their device and date."""
-    res = committed(stage) if runs is None or any(r.report.simulated for r in runs.values()) else None
+    stages), else from the kit's committed GPU results, labelled with their device and date. No runs yet (an
+    untouched notebook: nothing passed its check) is the committed results too, where this machine has no GPU."""
+    res = committed(stage) if not runs or any(r.report.simulated for r in runs.values()) else None
     if res is not None:
         images = images or _images_of(res, stage, net)
         fig = plots.stage_ladder(_best_of_earlier(res.reports, stage), net, images=images, device=res.device, ax=ax)
@@ -143,7 +144,9 @@ def ladder(stage: str, net: str = "cifar10", images: int | None = None, runs: di
         reports = Ledger().reports(device=first.device, net=first.net, images=first.images)
         return plots.stage_ladder(_best_of_earlier(reports, stage), first.net, images=first.images,
                                   device=first.device, ax=ax)
-    print(f"Nothing to plot yet for stage {stage}: no measured runs here and no committed GPU results.")
+    print(f"Nothing to plot yet for stage {stage}: no measured runs here"
+          + (" (make the self-check pass first)." if device.info().kind == "gpu" else
+             " and no committed GPU results."))
     return None
 
 

@@ -686,5 +686,6 @@ def tuned(net: str, images: int) -> dict:
             conv_split3(x, w, b, o, pad, stride, act, pool, config=config)
 
         conv.__name__ = f"conv_split3_{re.sub(r'[^0-9a-z]+', '_', name)}"
+        conv.tensor_core_config = config  # what it issues, for the floor of its units (labkit.floors)
         out[layer] = conv
     return out
