@@ -28,6 +28,7 @@ MOVED = {
     # the engine and what runs on it
     "engine": "core.engine", "check": "core.check", "workloads": "core.workloads", "whole": "core.whole",
     "upload": "core.upload", "graphs": "core.graphs", "counts": "core.counts",
+    "job_graphs": "core.job_graphs",
     # the ladder and the committed results
     "bench": "ladder.bench", "bench_whole": "ladder.bench_whole", "benchdoc": "ladder.benchdoc",
     "ceilings": "ladder.ceilings", "cudnn": "ladder.cudnn", "measured": "ladder.measured", "plots": "ladder.plots",

@@ -73,11 +73,13 @@ def test_a_module_moved_into_a_subpackage_is_still_left_out():
 
 
 def test_the_shapes_flag_the_kits_answer_code():
-    """labkit/gemm.py (split-K in numba), labkit/gemm_cuda.py (split-K in CUDA C) and labkit/bench_whole.py (the
-    forward pass captured in a CUDA graph and replayed) share no line with the solutions, and are found anyway."""
+    """labkit/gemm.py (split-K in numba), labkit/gemm_cuda.py (split-K in CUDA C), labkit/bench_whole.py and
+    labkit/job_graphs.py (the forward pass captured in a CUDA graph and replayed) share no line with the solutions,
+    and are found anyway."""
     assert _shapes(_kit_module("gemm")) == ["split-K"]
     assert _shapes(_kit_module("gemm_cuda")) == ["split-K"]
     assert _shapes(_kit_module("bench_whole")) == ["graph"]
+    assert _shapes(_kit_module("job_graphs")) == ["graph"]  # lk.whole.Job's graphs, apart from labkit/whole.py
 
 
 def test_the_shapes_flag_the_solutions_answers_and_not_the_student_copies():
@@ -97,11 +99,11 @@ def test_the_shapes_flag_the_solutions_answers_and_not_the_student_copies():
 
 
 def test_the_shapes_flag_none_of_the_code_students_are_meant_to_have():
-    """Every module of the kit that some release ships (labkit/given.py, the kernels, the launch layer, the
+    """Every module of the kit that some release ships (labkit/course/given.py, the kernels, the launch layer, the
     checks ...), and every stage's given code (the solutions' kernel cells of stages 01 to 09, which milestone 10
     ships as labkit/given/)."""
     shipped = [f for f in _kit_files() if f.suffix == ".py" and leave_out.kit_left_out(f, "10") is None]
-    assert len(shipped) > 30 and Path("given.py") in shipped and Path("graphs.py") in shipped
+    assert len(shipped) > 30 and Path("course/given.py") in shipped and Path("core/graphs.py") in shipped
     flagged = {str(f): _shapes(KIT / f) for f in shipped}
     assert not {f: s for f, s in flagged.items() if s}
     for number, stage in stages.STAGES.items():
@@ -150,6 +152,19 @@ def replayed(stream, fn):
 """
 
 
+#: a class that captures in one method and replays in another (lk.whole.Job's graphs did, before labkit/job_graphs.py)
+CLASS_GRAPH = """
+class Job:
+    def _graph(self, lane):
+        if lane not in self.held:
+            self.held[lane] = lk.graphs.capture(lambda: self.forward(lane), lane)
+        return self.held[lane]
+
+    def classes(self, lane):
+        return self._graph(lane).replay()
+"""
+
+
 def test_the_shapes_are_structure_not_names():
     """Other names and an atomic reduction are still split-K; blockIdx.z as the image is not; a capture that is
     never replayed is not the graph task; cupy's own capture and launch are."""
@@ -157,6 +172,9 @@ def test_the_shapes_are_structure_not_names():
     assert not answer_shapes.find(Z_IS_THE_IMAGE)
     assert not answer_shapes.find(CAPTURED_ONLY)
     assert [f.shape.name for f in answer_shapes.find(CUPY_GRAPH)] == ["graph"]
+    assert [str(f) for f in answer_shapes.find(CLASS_GRAPH)] == ["graph in class Job (line 2)"]
+    assert [str(f) for f in answer_shapes.find("g = lk.graphs.capture(f, lane)\ng.replay()\n")] == [
+        "graph in the top-level code"]  # a notebook cell's own code
     assert not answer_shapes.find("def broken(:\n")  # a cell that does not parse holds nothing
 
 
@@ -195,11 +213,11 @@ def test_each_release_leaves_out_what_answers_its_tasks_and_ships_what_later_one
     files = {m: set(release.file_list(out)) for m, (out, _) in releases.items()}
     for milestone in stages.STAGES:
         held = files[milestone]
-        assert "labkit/given.py" in held and "labkit/kernels.py" in held and "labkit/graphs.py" in held
+        assert "labkit/course/given.py" in held and "labkit/ops/kernels.py" in held and "labkit/core/graphs.py" in held
         assert not [f for f in held if f.startswith("labkit/grading/") or f.endswith(("/bench.py", "/release.py"))]
         assert not [f for f in held if f.endswith(("/gemm.py", "/gemm_cuda.py", "/bench_whole.py"))]
-        assert ("labkit/tensor_cores.py" in held) == (milestone == "10")  # notebook 10's variants use it
-        assert ("labkit/whole.py" in held) == (milestone >= "05")
+        assert ("labkit/ops/tensor_cores.py" in held) == (milestone == "10")  # notebook 10's variants use it
+        assert ("labkit/core/whole.py" in held) == (milestone >= "05")
 
 
 def test_a_release_refuses_answer_code_left_out_code_and_uses_of_it(releases, tmp_path):
@@ -243,7 +261,8 @@ def test_verify_searches_a_release_again(releases):
     out, _ = releases["10"]
     got = CliRunner().invoke(main, ["release", "--verify", str(out)])
     assert got.exit_code == 0 and got.output.strip().endswith("found: nothing"), got.output
-    assert "stage 10: " in got.output and "split-K (stage 10: " in got.output and "answers gemm, gemm_cuda;" in got.output
+    assert "stage 10: " in got.output and "split-K (stage 10: " in got.output
+    assert "answers gemm, gemm_cuda, job_graphs;" in got.output
     back = out / "labkit" / "gemm.py"
     back.write_text(_kit_module("gemm").read_text())
     try:
@@ -276,6 +295,8 @@ _FRESH = textwrap.dedent("""
                 row["late"][name] = str(exc)
         for stage in stages_:
             row["ladders"][stage] = type(lk.notebook.ladder(stage, runs={})).__name__
+        if not row["late"]["whole"].startswith("labkit.whole is not"):
+            row["job_graphs"] = lk.whole._job_graphs() is not None  # lk.whole.Job launches every time
         from click.testing import CliRunner
         from labkit import cli  # labkit lab, labkit data: the commands a student runs
 
@@ -312,6 +333,7 @@ def test_each_release_imports_and_its_untouched_notebooks_plot_the_committed_res
             else:
                 assert Path(got).resolve().is_relative_to(Path(folder).resolve()), (milestone, name, got)
         assert set(row["ladders"].values()) <= {"Figure"}, (milestone, row["ladders"])
+        assert row.get("job_graphs") is (False if milestone >= "05" else None), (milestone, row)
         assert row["cli"] == [1, "Error: labkit.release is not in this copy of the kit: a student release leaves out "
                                  "the maintainers' tools (docs/releases.md)"], row["cli"]
 

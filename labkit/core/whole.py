@@ -19,10 +19,11 @@ many small chunks that host time, not the GPU, set the pace: notebook 10's run i
 a chunk's kernels), where chunks of 10000 took 7.0 to 7.2 over 2 to 8 (``tools/end_to_end_grid.py`` times the host's
 part of each chunk). For a variant whose forward pass can be captured (``Variant(graph=True)``), a GPU with cupy,
 and no check or recording going on, the job therefore records a chunk's launches once per lane, chunk size and input
-buffer in a CUDA graph (``lk.graphs``) and replays it: one call a chunk. The first chunk of a size on a lane pays
-the capture (one call outside it, a synchronization of that lane); a capture that fails turns the graphs off for the
-job (``graph_note`` says why), and the buffer pool's release (``lk.gpu.BufferPool.generation``) makes the job
-capture again. ``Job(..., graphs=False)`` launches every time, as the simulator always does.
+buffer in a CUDA graph (``lk.graphs``, through ``labkit.job_graphs``) and replays it: one call a chunk. The first
+chunk of a size on a lane pays the capture (one call outside it, a synchronization of that lane); a capture that
+fails turns the graphs off for the job (``graph_note`` says why), and the buffer pool's release
+(``lk.gpu.BufferPool.generation``) makes the job capture again. ``Job(..., graphs=False)`` launches every time, as
+the simulator always does, and as a student release does (it leaves ``labkit.job_graphs`` out: docs/releases.md).
 
 ``check_pipeline(fn, job)`` checks a pipeline ``fn(job, raw_pinned, classes_pinned, chunk, streams)`` (the host
 bytes to host classes in chunks over ``streams`` lanes) against ``job.serial`` on fresh random bytes, the classes
@@ -47,7 +48,7 @@ from ..launch import gpu, simulator, stream_order, streams
 from ..model import data
 from ..model.nets import Net, get_net
 from ..ops import kernels
-from . import engine, graphs
+from . import engine
 from .check import CheckResult, describe_failure
 
 
@@ -70,6 +71,16 @@ def bytes_to_input(raw, lut, x):
     t = cuda.grid(1)
     if t < x.size:
         x[t] = lut[raw[t]]
+
+
+def _job_graphs():
+    """``labkit.job_graphs``, or None in a copy of the kit without it: a student release leaves it out (capturing
+    and replaying a forward pass is stage 10's task 2, docs/releases.md), and there ``Job`` launches every time."""
+    try:
+        from . import job_graphs
+    except ImportError:
+        return None
+    return job_graphs
 
 
 class Job:
@@ -143,10 +154,8 @@ class Job:
         if not 0 < n <= bytes_dev.shape[0]:
             raise ValueError(f"Job.classes: n = {n}, but the bytes hold {bytes_dev.shape[0]} images")
         tag = self._tag(lane)
-        captured = self._graph(lane, bytes_dev, n, tag)
-        if captured is not None:
-            classes = captured.replay()
-        else:
+        classes = self._replayed(lane, bytes_dev, n, tag)
+        if classes is None:
             with _on(lane):
                 classes = self._queue_classes(bytes_dev, n, tag)
         self._own(classes, lane)
@@ -163,26 +172,13 @@ class Job:
     def replays(self, lane) -> bool:
         """Whether ``classes`` on ``lane`` replays a CUDA graph now (module docstring)."""
         return (self.graphs and not self._checking and lane is not None and lane.cupy is not None
-                and not simulator.active() and not gpu.poisoning() and not gpu._recorders)
+                and not simulator.active() and not gpu.poisoning() and not gpu._recorders
+                and _job_graphs() is not None)
 
-    def _graph(self, lane, bytes_dev, n: int, tag: str):
-        """The graph of ``classes`` for this lane, chunk size and input buffer (captured on first use), or None
-        where the job launches every time."""
-        if not self.replays(lane):
-            return None
-        key = (lane.id, n, id(bytes_dev), gpu.DEVICE.generation)
-        held = self._graphs.get(key)
-        if held is not None and held[0] is bytes_dev:
-            return held[1]
-        try:
-            graph = graphs.capture(lambda: self._queue_classes(bytes_dev, n, tag), lane)
-        except graphs.CaptureError as exc:
-            self.graphs, self.graph_note = False, str(exc)
-            return None
-        generation = gpu.DEVICE.generation  # a release while the capture's first call allocated: the new buffers
-        self._graphs = {k: v for k, v in self._graphs.items() if k[3] == generation}
-        self._graphs[(lane.id, n, id(bytes_dev), generation)] = (bytes_dev, graph)
-        return graph
+    def _replayed(self, lane, bytes_dev, n: int, tag: str):
+        """The classes' buffer, queued by replaying the chunk's CUDA graph (``labkit.job_graphs``), or None where
+        the job launches every time (``replays``)."""
+        return _job_graphs().replayed(self, lane, bytes_dev, n, tag) if self.replays(lane) else None
 
     def _normalised(self, bytes_dev, n: int, tag: str):
         x = gpu.buffer(f"{tag} input", (n, *self.net.input_shape))

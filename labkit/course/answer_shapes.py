@@ -81,11 +81,11 @@ def _find(source: str, names: tuple[str, ...]) -> tuple[Found, ...]:
     for fn in _functions(tree):
         if "split-K" in wanted and _split_k(fn):
             found.append(Found(BY_NAME["split-K"], f"function {fn.name} (line {fn.lineno})"))
-    for fn in _outermost_functions(tree):
-        if "graph" in wanted and _graph(fn):
-            found.append(Found(BY_NAME["graph"], f"function {fn.name} (line {fn.lineno})"))
-        if "streamed" in wanted and _streamed(fn):
-            found.append(Found(BY_NAME["streamed"], f"function {fn.name} (line {fn.lineno})"))
+    for where, unit in _units(tree):
+        if "graph" in wanted and _graph(unit):
+            found.append(Found(BY_NAME["graph"], where))
+        if "streamed" in wanted and _streamed(unit):
+            found.append(Found(BY_NAME["streamed"], where))
     if "split-K" in wanted:
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
@@ -103,16 +103,21 @@ def _functions(tree: ast.AST) -> list[ast.FunctionDef]:
     return [n for n in ast.walk(tree) if isinstance(n, _FUNCTIONS)]
 
 
-def _outermost_functions(tree: ast.AST) -> list[ast.FunctionDef]:
-    """Functions at a module's or a class's top level: a nested function belongs to the one around it."""
-    out, todo = [], list(ast.iter_child_nodes(tree))
-    while todo:
-        node = todo.pop()
+def _units(tree: ast.Module) -> list[tuple[str, ast.AST]]:
+    """Where the graph and streamed shapes are looked for, each as a whole: every function at a module's top level
+    (with the functions inside it), every class at the top level (all its methods together: one may capture what
+    another replays), and the module's own top-level statements (a notebook cell's code)."""
+    units, loose = [], []
+    for node in tree.body:
         if isinstance(node, _FUNCTIONS):
-            out.append(node)
-        elif not isinstance(node, ast.Lambda):
-            todo.extend(ast.iter_child_nodes(node))
-    return sorted(out, key=lambda n: n.lineno)
+            units.append((f"function {node.name} (line {node.lineno})", node))
+        elif isinstance(node, ast.ClassDef):
+            units.append((f"class {node.name} (line {node.lineno})", node))
+        else:
+            loose.append(node)
+    if loose:
+        units.append(("the top-level code", ast.Module(body=loose, type_ignores=[])))
+    return units
 
 
 def _own_nodes(fn: ast.AST):
@@ -218,21 +223,19 @@ def _callee(call: ast.Call) -> str | None:
     return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
 
 
-def _graph(fn: ast.FunctionDef) -> bool:
-    """A name bound to a capture's result, then replayed (``.replay()``; cupy: ``end_capture()`` then
-    ``.launch()``), anywhere in one function and the functions inside it."""
-    captured: dict[str, str] = {}  # name -> the method that replays it
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            callee = _callee(node.value)
-            if callee in ("capture", "end_capture"):
-                for target in node.targets:
-                    for n in ast.walk(target):
-                        if isinstance(n, ast.Name):
-                            captured[n.id] = "replay" if callee == "capture" else "launch"
-    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-               and isinstance(node.func.value, ast.Name) and captured.get(node.func.value.id) == node.func.attr
-               for node in ast.walk(fn))
+def _graph(unit: ast.AST) -> bool:
+    """A capture and a replay in one unit (``_units``): a call of ``...capture(...)`` and one of ``.replay()``
+    (``lk.graphs``: what is captured in one method may be replayed in another), or cupy's own, a name bound to
+    ``...end_capture()`` and then ``.launch()``-ed."""
+    calls = [n for n in ast.walk(unit) if isinstance(n, ast.Call)]
+    if any(_callee(c) == "capture" for c in calls) and any(
+            isinstance(c.func, ast.Attribute) and c.func.attr == "replay" for c in calls):
+        return True
+    executables = {n.id for node in ast.walk(unit) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                   and _callee(node.value) == "end_capture" for target in node.targets for n in ast.walk(target)
+                   if isinstance(n, ast.Name)}
+    return any(isinstance(c.func, ast.Attribute) and c.func.attr == "launch" and isinstance(c.func.value, ast.Name)
+               and c.func.value.id in executables for c in calls)
 
 
 def _steps(iterator: ast.AST) -> bool:
@@ -240,8 +243,9 @@ def _steps(iterator: ast.AST) -> bool:
     return any(_is_range(n) and len(n.args) == 3 for n in ast.walk(iterator))
 
 
-def _streamed(fn: ast.FunctionDef) -> bool:
-    """A loop over chunks that picks its lane in turn (``lanes[i % n]``), and a ``.synchronize()`` in the function."""
+def _streamed(fn: ast.AST) -> bool:
+    """A loop over chunks that picks its lane in turn (``lanes[i % n]``), and a ``.synchronize()`` in the same unit
+    (``_units``)."""
     turns = any(isinstance(node, ast.For) and _steps(node.iter) and any(
         isinstance(n, ast.Subscript) and isinstance(n.slice, ast.BinOp) and isinstance(n.slice.op, ast.Mod)
         for n in ast.walk(node)) for node in ast.walk(fn))
