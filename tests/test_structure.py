@@ -216,3 +216,12 @@ def test_old_names_of_submodules_and_the_surface():
     assert callable(labkit.show) and callable(labkit.show.failure) and labkit.from_stage is labkit.stages.from_stage
     with pytest.raises(AttributeError):
         labkit.no_such_module  # noqa: B018
+
+
+def test_every_subpackage_is_installed():
+    """pyproject.toml's package list names every package under labkit/ (an editable install hides a missing one)."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in PACKAGE.rglob("__init__.py")
+             if "__pycache__" not in p.parts}
+    assert listed == found
