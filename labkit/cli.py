@@ -7,9 +7,19 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from . import data as data_mod
-from .nets import NETS, get_net
+from . import outputs
+from .about import __version__, old_name
+from .core import engine
+from .core.workloads import Workload
+from .course.stages import solutions_folder
+from .launch import device
+from .launch.device import describe
+from .measuring.ledger import Ledger, LedgerError, repo_root
+from .measuring.report import format_report, format_throughput
+from .model import data as data_mod
+from .model import weights_io
+from .model.nets import NETS, get_net
+from .model.weights_io import COURSE_WEIGHTS, NOT_SHIPPED, course_weights
 
 
 class _Group(click.Group):
@@ -25,6 +35,7 @@ class _Group(click.Group):
                 name += "." + str(exc).split("cannot import name '")[1].split("'")[0]
             if not name.startswith("labkit."):
                 raise
+            name = old_name(name)  # labkit.ladder.bench: labkit.bench, as the student's notebooks name it
             raise click.ClickException(f"{name} is not in this copy of the kit: a student release leaves out the "
                                        f"maintainers' tools (docs/releases.md)") from None
 
@@ -38,9 +49,6 @@ def main():
 @main.command()
 def info():
     """What hardware and software this machine has, and what that means for the course."""
-    from .device import describe
-
-    from .weights_io import COURSE_WEIGHTS, NOT_SHIPPED, course_weights
 
     click.echo(describe())
     click.echo("")
@@ -126,11 +134,6 @@ def _inputs_or_synthetic(net, images: int, download: bool, synthetic: bool):
               help="Append the per-layer times to this results ledger (JSON lines).")
 def run(net_name, images, weights, download, synthetic, ledger):
     """The main job: the reference forward pass with the report in the network's original format."""
-    from . import device, engine, outputs, weights_io
-    from .ledger import Ledger, LedgerError
-    from .report import format_report, format_throughput
-    from .workloads import Workload
-
     net = get_net(net_name)
     images = images or net.default_images
     try:
@@ -202,8 +205,7 @@ def _csv_list(value: str | None) -> list[str] | None:
 def bench(stages, nets, images, notebooks, out, force, append, repeat, budget, per_image_max, cpu_max, slow_max_gflop,
           skip, no_baselines, random_weights):
     """The speed ladder: check and time every variant of every stage, with the numpy and cuDNN baselines."""
-    from . import bench as bench_mod
-    from .stages import solutions_folder
+    from .ladder import bench as bench_mod  # a release may leave it out (LEAVE_OUT)
 
     counts = _image_counts(images)
     folder = notebooks or solutions_folder()
@@ -284,7 +286,7 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
     one student's folder, or a single notebook. Student code runs only in sandboxed child processes (--sandbox),
     with time and memory limits. Without a CUDA driver it runs on the CUDA simulator (unless NUMBA_ENABLE_CUDASIM=0).
     """
-    from . import grading
+    from . import grading  # a release may leave it out (LEAVE_OUT)
 
     if rubric is not None and not rubric.is_file():
         raise click.BadParameter(f"no rubric file at {rubric}", param_hint="--rubric")
@@ -322,8 +324,6 @@ def grade(submissions, stages, students, rubric, solutions, out, jobs, gpus, clu
 def _grades_out(out: Path, merge: bool, force: bool) -> None:
     """Refuse, before any grading, an --out that cannot be written, or one holding files the run would replace or
     mix with: a report unless it is merged into (--merge) or replaced (--force), other files unless --force."""
-    from . import outputs
-
     try:
         outputs.writable_folder(out, "--out")
     except outputs.OutputError as exc:
@@ -345,9 +345,7 @@ def _grades_out(out: Path, merge: bool, force: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace the summary and ladder plots already in --out.")
 def ladder(ledgers, out, force):
     """Summarize recorded runs (ledger files of `labkit bench`) as a table and ladder plots."""
-    from . import bench as bench_mod
-    from . import outputs
-    from .ledger import Ledger, LedgerError
+    from .ladder import bench as bench_mod  # a release may leave it out (LEAVE_OUT)
 
     try:
         for path in ledgers:
@@ -375,8 +373,7 @@ def ladder(ledgers, out, force):
               help="Where the plots are copied (default: img/bench/ beside the page).")
 def bench_doc(folders, doc, img_dir):
     """Write the benchmarks page from `labkit bench` output folders (each holding bench.json and its plots)."""
-    from . import benchdoc
-    from .ledger import repo_root
+    from .ladder import benchdoc  # a release may leave it out (LEAVE_OUT)
 
     doc = doc or repo_root() / "docs" / "BENCHMARKS.md"
     try:
@@ -403,7 +400,7 @@ def release(out, upto, verify_only, commit, force):
 
     Run it in the instructor's repository (the one holding solutions/); docs/releases.md says how to publish it.
     """
-    from . import release as release_mod
+    from .course import release as release_mod  # a release may leave it out (LEAVE_OUT)
 
     if not verify_only and not upto:
         raise click.BadParameter("give the milestone's stage number, e.g. --upto 05", param_hint="--upto")
@@ -437,8 +434,6 @@ def _lab_folder() -> Path:
 def _lab_check() -> None:
     """What `labkit lab` says before JupyterLab starts: what the machine is and whether the data is there, each
     with what to do about it (the same facts as the notebooks' first cell, ``lk.hello``)."""
-    from . import device
-
     d = device.info()
     if d.kind == "gpu":
         click.echo(f"Machine: {d.name}: the notebooks run their kernels on this GPU, timings are real.")

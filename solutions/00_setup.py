@@ -49,7 +49,7 @@ for name in ("cifar10", "fashion"):
 # %% [markdown]
 # ## The reference run, in the studies' formats
 #
-# The numpy reference (im2col and a matrix multiply, in `labkit/reference.py`) runs each layer over the whole batch
+# The numpy reference (im2col and a matrix multiply, in `labkit/model/reference.py`) runs each layer over the whole batch
 # with the kit's own trained weights (`labkit/weights/`, recipe and accuracies recorded beside them). Every student
 # kernel is checked against it. Under each report: every layer's FLOPs and minimum bytes (each input, weight and
 # output element moved once), and what they make per second.

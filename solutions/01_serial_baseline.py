@@ -87,7 +87,7 @@ def conv_forward(x, w, b, out, pad, stride):
 # ReLU `max(x, 0)` and tanh element by element (on flat views); max-pool over `kernel × kernel` windows moved by
 # `stride` (windows that would cross the edge are dropped, as in the original); fc `out[n, o] = b[o] + Σ_k x[n, k] ·
 # w[o, k]`; softmax over each image's classes, subtracting the row maximum before `math.exp` so large scores do not
-# overflow. You write these once: from stage 02 on, the kit's own GPU versions run them (`labkit/kernels.py`), and
+# overflow. You write these once: from stage 02 on, the kit's own GPU versions run them (`labkit/ops/kernels.py`), and
 # the stages spend their effort on the convolution. Roughly {{lines:relu+tanh+maxpool+fc+softmax}} in all.
 
 # %% tags=["kernel"]

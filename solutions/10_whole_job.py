@@ -249,7 +249,7 @@ lk.show.task("10", "streamed")
 # %% [markdown]
 # ## The kit's register tiles
 #
-# The kit has its own fc one step beyond task 1, `lk.gemm.fc_tiles(x, w, b, out)` (`labkit/gemm.py` in the kit's
+# The kit has its own fc one step beyond task 1, `lk.gemm.fc_tiles(x, w, b, out)` (`labkit/ops/gemm.py` in the kit's
 # repository; not in your copy of the kit, as it answers task 1). In task 1 a thread owns one output and reads two
 # values from shared memory for every multiply-add. In the kit's kernel each thread owns a `TM × TN` tile of sums
 # kept in registers (8 × 10 in a block tile of 128 images × 160 outputs, for fc1 on a GPU): per input it reads `TM`
@@ -261,7 +261,7 @@ lk.show.task("10", "streamed")
 # %% [markdown]
 # ## The kit's CUDA C SGEMM
 #
-# `lk.gemm_cuda.fc_cuda(x, w, b, out)` is the same product in CUDA C (`labkit/gemm_cuda.py` in the kit's repository,
+# `lk.gemm_cuda.fc_cuda(x, w, b, out)` is the same product in CUDA C (`labkit/ops/gemm_cuda.py` in the kit's repository,
 # not in your copy either), written the way fp32 GEMMs reach most of cuBLAS. Beyond the register tiles above it adds
 # three things: **float4 loads** (both operands are contiguous along K, so one load brings four inputs, where K is a
 # multiple of 4 and the arrays start on 16 bytes; scalar loads otherwise), **double buffering** (the next step's tiles
@@ -273,7 +273,7 @@ lk.show.task("10", "streamed")
 # %% [markdown]
 # ## Given: convolutions on the tensor cores at fp32's accuracy
 #
-# `lk.tensor_cores.conv_split3(x, w, b, out, pad, stride, act, pool)` (given code: `labkit/tensor_cores.py`, CUDA C)
+# `lk.tensor_cores.conv_split3(x, w, b, out, pad, stride, act, pool)` (given code: `labkit/ops/tensor_cores.py`, CUDA C)
 # computes a conv layer with the tensor cores' matrix instruction `mma.sync`, which multiplies short floats: TF32 (fp32
 # with 10 mantissa bits) or fp16 (10 bits, and numbers only up to 65504). Alone they would round every product to
 # about 1e-3. The kernel splits each fp32 value into a big part and the rounding of what is left, and adds three

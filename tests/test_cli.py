@@ -251,7 +251,7 @@ def test_version_is_one_and_the_same_everywhere():
     assert bench.versions()["labkit"] == __version__
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert project["project"]["dynamic"] == ["version"] and "version" not in project["project"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "labkit.__version__"}
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "labkit.about.__version__"}
 
 
 def test_bench_out_refuses_existing_results_and_uncreatable_folders(tmp_path, blocker, monkeypatch):

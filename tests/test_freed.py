@@ -79,7 +79,7 @@ def test_the_grader_words_it_as_the_self_check_does():
     cases = [check.layer_case("cifar10", "conv2", 1, rng) for _ in range(2)]  # the self-check's, in its order
     pair = freed.Pair(fn)  # as the child does (worker.StudentPhases._paired): keep the first case's, land on them
     plan = types.SimpleNamespace(time_limit=60.0, rubric={"checks": {"tol": check.DEFAULT_TOL}}, variants={})
-    job = grading_job.Job(plan, None, "s", Path("s.ipynb"), seed, gpu=False)
+    job = grading_job.GradingJob(plan, None, "s", Path("s.ipynb"), seed, gpu=False)
     for cid, case in enumerate(cases):
         pair.land(0) if cid else pair.keep(0)
         out = engine.checked_call(pair, case.layer, case.x, case.weights, "device").out

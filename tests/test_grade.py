@@ -366,11 +366,11 @@ def test_patching_labkit_and_the_clock_is_reported_as_tampering(graded):
     changed = r["details"]["tampered"]["what"]
     assert {"time.perf_counter", "labkit.timing.Clock", "labkit.reference.conv2d", "the grade worker's _perf_counter"} \
         <= set(changed), changed
-    # its write to labkit/check.py: refused in a sandbox (tests/test_grade_isolation.py); unsandboxed it hits the
+    # its write to labkit/core/check.py: refused in a sandbox (tests/test_grade_isolation.py); unsandboxed it hits the
     # job's private copy only, and is reported
     if graded["report"]["meta"]["sandbox"]["mode"] == "none":
         assert "check.py" in r["message"] and "on disk" in r["message"]
-    assert "compare = lambda" not in (REPO / "labkit" / "check.py").read_text()
+    assert "compare = lambda" not in (REPO / "labkit" / "core" / "check.py").read_text()
 
 
 def test_patching_the_clock_is_tampering_even_with_a_right_conv(graded):
@@ -610,13 +610,13 @@ def test_bad_rubric_is_the_graders_error(tmp_path, text, words):
 def test_guard_names_changed_files(tmp_path):
     copied = sandbox.private_labkit(tmp_path / "lib")
     names = {str(p.relative_to(tmp_path / "lib" / "labkit")) for p in copied}
-    assert names >= {"__init__.py", "check.py", "engine.py", "rubric.toml", "grading/worker.py",
-                     "grading/protocol.py"}
+    assert names >= {"__init__.py", "core/check.py", "core/engine.py", "rubric.toml", "grading/worker.py",
+                     "grading/protocol.py", "launch/cudacpu/compiler.py"}  # subpackages at any depth
     guard = sandbox.Guard({str(p.relative_to(tmp_path / "lib" / "labkit")): p for p in copied})
     assert guard.changed() == []
-    (tmp_path / "lib" / "labkit" / "check.py").write_text("compare = lambda *a: True")
+    (tmp_path / "lib" / "labkit" / "core" / "check.py").write_text("compare = lambda *a: True")
     (tmp_path / "lib" / "labkit" / "grading" / "worker.py").unlink()
-    assert sorted(guard.changed()) == ["check.py", "grading/worker.py"]
+    assert sorted(guard.changed()) == ["core/check.py", "grading/worker.py"]
 
 
 def test_private_solutions_are_copied_for_from_stage(tmp_path):

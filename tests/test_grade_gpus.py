@@ -27,7 +27,7 @@ import fake_dask_cuda  # noqa: E402 - after the skip: it is a distributed.LocalC
 
 from labkit import device, grading  # noqa: E402
 from labkit.cli import main  # noqa: E402
-from labkit.grading import cluster, environment, run  # noqa: E402
+from labkit.grading import cluster, context, environment, run  # noqa: E402
 from labkit.grading.rubric import GradeError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,7 +132,7 @@ def test_one_dask_cuda_worker_per_gpu_with_the_jobs_per_gpu_as_its_threads(monke
 def test_a_dask_cuda_worker_pins_every_child_to_its_own_gpu(monkeypatch):
     seen = []
     monkeypatch.setattr(cluster, "_context", lambda spec: "this worker's context")
-    monkeypatch.setattr(run, "grade_task", lambda ctx, task, env=None: seen.append((ctx, env)) or {"details": {}})
+    monkeypatch.setattr(context, "grade_task", lambda ctx, task, env=None: seen.append((ctx, env)) or {"details": {}})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,0,1,2")  # dask-cuda's worker for GPU 3
     row = cluster.grade_remote({"gpus": [0, 1, 2, 3]}, {"student": "ann"})
     assert seen == [("this worker's context", {"CUDA_VISIBLE_DEVICES": "3"})]
@@ -151,8 +151,8 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
             made.append(args)
             self.turns, self.limits = run.Turns(), {}
 
-    monkeypatch.setattr(run, "Context", Context)
-    monkeypatch.setattr(run, "sandbox_refusal", lambda *a: "")
+    monkeypatch.setattr(context, "Context", Context)  # a worker's context is made in labkit.grading.context
+    monkeypatch.setattr(context, "sandbox_refusal", lambda *a: "")
     monkeypatch.setattr(cluster, "_contexts", {})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     spec = {"stages": ["01"], "rubric": None, "solutions": str(REPO / "solutions"), "sandbox": {"mode": "none"},

@@ -183,7 +183,7 @@ def _probe(iso, tmp_path: Path) -> tuple[dict, Path]:
     (tmp_path / "hidden.txt").write_text("secret")
     view = _view(tmp_path, [allowed])
     reads = {"allowed": str(allowed), "hidden": str(tmp_path / "hidden.txt"),
-             "solution": str(REPO / "solutions" / es.NB), "kit source": str(REPO / "labkit" / "check.py"),
+             "solution": str(REPO / "solutions" / es.NB), "kit source": str(REPO / "labkit" / "core" / "check.py"),
              "shadow": "/etc/shadow", "home": os.path.expanduser("~/.bashrc")}
     writes = {"scratch": f"{view.scratch}/out.txt", "allowed (read-only)": str(allowed), "tmp": "/tmp/escape.txt",
               "venv": f"{sys.prefix}/escape.txt", "root": "/escape.txt"}
@@ -490,14 +490,14 @@ def test_a_job_whose_child_imports_other_versions_is_the_graders_error_and_ends_
     from labkit.grading import environment, job, protocol as P, scoring
 
     versions, origins = environment.imported()
-    j = job.Job.__new__(job.Job)
+    j = job.GradingJob.__new__(job.GradingJob)
     j.outcome, j.running, j.lib = scoring.JobOutcome(), None, Path(origins["labkit"])
     hello = P.Hello(device="d", kind="simulator", simulated=True, pid=1, labkit=str(Path(origins["labkit"]) / "labkit"),
                     versions={**versions, "numba": "0.59.0"}, origins=origins)
     assert j.handle(P.Kind.HELLO, hello.to_json(), b"", None) is True
     assert j.outcome.grader_error.startswith(f"not graded: the grading child's Python imports numba 0.59.0 from "
                                              f"{origins['numba']}, the grader numba {versions['numba']}")
-    same = job.Job.__new__(job.Job)
+    same = job.GradingJob.__new__(job.GradingJob)
     same.outcome, same.running, same.lib = scoring.JobOutcome(), None, Path(origins["labkit"])
     hello.versions = versions
     assert same.handle(P.Kind.HELLO, hello.to_json(), b"", None) is False and same.outcome.grader_error is None

@@ -172,8 +172,8 @@ def test_a_reference_job_runs_alone_only_where_its_wall_time_sets_the_limits(shi
     from labkit.grading import job
 
     alone = []
-    monkeypatch.setattr(job.Job, "run", lambda self: alone.append(self.alone) or self.outcome)
-    monkeypatch.setattr(job.Job, "row", lambda self: {"status": "pass", "message": ""})
+    monkeypatch.setattr(job.GradingJob, "run", lambda self: alone.append(self.alone) or self.outcome)
+    monkeypatch.setattr(job.GradingJob, "row", lambda self: {"status": "pass", "message": ""})
     plan = shipped_plan("05")
     assert plan.rubric["limits"]["time_factor"] > 0
     job.reference_job(plan, None, True, 1)

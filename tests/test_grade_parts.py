@@ -407,7 +407,7 @@ def test_the_grader_words_nan_outputs_as_the_self_check_does(kind):
     worker.nan_counts(sent, called.nan)
     [(frame, meta, payload)], _ = P.parse(bytearray(P.encode(sent, {"out": called.out})))
     plan = types.SimpleNamespace(time_limit=60.0, rubric={"checks": {"tol": check.DEFAULT_TOL}}, variants={})
-    job = grading_job.Job(plan, None, "s", Path("s.ipynb"), seed, gpu=False)
+    job = grading_job.GradingJob(plan, None, "s", Path("s.ipynb"), seed, gpu=False)
     job.cases[0] = {"variant": "v", "net_name": "cifar10", "name": layer, "batch": batch, "expected": case.expected,
                     "scale": case.scale, "layer": case.layer, "x": case.x, "weights": case.weights, "target": "gpu"}
     job._case(P.decode(frame, meta), payload)
@@ -566,7 +566,7 @@ def test_on_a_gpu_the_technique_is_counted_again_in_a_simulator_child(tmp_path, 
     assert token.cases == 0 and not token.checks and not token.timing_runs  # the technique alone, nothing else
 
     # the GPU job's own line ("uses shared memory: PASS (… bytes)") is replaced by the counted one, kept beside it
-    gpu_job = grading_job.Job(plan, ctx.refs, "s", paths["token_shared"], 7, gpu=True)
+    gpu_job = grading_job.GradingJob(plan, ctx.refs, "s", paths["token_shared"], 7, gpu=True)
     gpu_job.outcome.technique = {"passed": True, "line": "conv2 uses shared memory: PASS (kernel: 1024 bytes)"}
     monkeypatch.setattr(grading_job.TechniqueJob, "run", lambda self: token)
     gpu_job._technique_counted()

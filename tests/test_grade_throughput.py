@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from labkit.cli import main
-from labkit.grading import phases, refcache, run
+from labkit.grading import context, phases, refcache, run
 from labkit.grading.ahead import Ahead
 from labkit.grading.job import ReferenceTiming
 from labkit.grading.plan import StagePlan
@@ -255,11 +255,11 @@ def test_the_answers_computed_ahead_are_the_references_on_the_inputs_drawn(plan,
     import numpy as np
 
     from labkit import check, reference
-    from labkit.grading.job import Job
+    from labkit.grading.job import GradingJob
     from labkit.grading.plan import References
 
     plan.measured = False
-    job = Job(plan, References(), "s", plan.solution, 11, gpu=False)
+    job = GradingJob(plan, References(), "s", plan.solution, 11, gpu=False)
     job.build(tmp_path)
     assert job._ahead is not None and not [k for k in job._answers if k[0] == "pass"]
     layers = nets = 0
@@ -295,13 +295,13 @@ def test_on_a_gpu_the_technique_child_starts_beside_the_job_once_its_checks_pass
         return counted
 
     monkeypatch.setattr(grading_job.TechniqueJob, "run", slow)
-    reference = grading_job.Job(plan, None, "(reference solution)", plan.solution, 7, gpu=True)
+    reference = grading_job.GradingJob(plan, None, "(reference solution)", plan.solution, 7, gpu=True)
     reference.alone = True
     answers = []
     reference._on_checks_done(P.ChecksDone(), b"", answers.append)
     assert answers == [P.Answer.CONTINUE] and reference._counting is None  # a reference job counts after its child
 
-    job = grading_job.Job(plan, None, "s", plan.solution, 7, gpu=True)
+    job = grading_job.GradingJob(plan, None, "s", plan.solution, 7, gpu=True)
     job._on_checks_done(P.ChecksDone(), b"", answers.append)
     assert started.wait(5), "the technique child did not start once the checks passed"
     time.sleep(0.6)  # the job's own child goes on meanwhile (accuracy, timing, its technique phase)
@@ -345,13 +345,13 @@ def two_runs(tmp_path_factory):
     shutil.copy(REPO / "notebooks" / STAGES["01"].notebook, root / "class" / "ada" / "notebooks")
     (root / "rubric.toml").write_text(RUBRIC)
     reports, ran = {}, []
-    real = run.reference_job
+    real = context.reference_job  # what a run's context calls for each stage's reference job
 
     def counted(*args, **kw):
         ran.append(args[0].stage.number)
         return real(*args, **kw)
 
-    run.reference_job = counted
+    context.reference_job = counted
     try:
         for name in ("into", "from"):
             before = len(ran)
@@ -359,7 +359,7 @@ def two_runs(tmp_path_factory):
                                           out=root / name, progress=False, seed=5, jobs=1, cache=root / "cache")
             reports[name]["reference_jobs_run"] = len(ran) - before
     finally:
-        run.reference_job = real
+        context.reference_job = real
     return reports
 
 

@@ -231,7 +231,7 @@ def test_each_register_tile_step_is_small_and_has_a_check():
 
 def test_the_step_harnesses_hold_no_line_of_a_solution_block():
     """labkit ships to students: its harnesses must not give away a line of the steps they check."""
-    norm = " ".join((REPO / "labkit" / "tile_steps.py").read_text().split())
+    norm = " ".join((REPO / "labkit" / "lessons" / "tile_steps.py").read_text().split())
     nb = nbformat.read(REPO / "solutions" / "09_per_layer_tuning.ipynb", as_version=4)
     leaks = []
     for cell in nb.cells:

@@ -99,11 +99,11 @@ def test_the_shapes_flag_the_solutions_answers_and_not_the_student_copies():
 
 
 def test_the_shapes_flag_none_of_the_code_students_are_meant_to_have():
-    """Every module of the kit that some release ships (labkit/given.py, the kernels, the launch layer, the
+    """Every module of the kit that some release ships (labkit/course/given.py, the kernels, the launch layer, the
     checks ...), and every stage's given code (the solutions' kernel cells of stages 01 to 09, which milestone 10
     ships as labkit/given/)."""
     shipped = [f for f in _kit_files() if f.suffix == ".py" and leave_out.kit_left_out(f, "10") is None]
-    assert len(shipped) > 30 and Path("given.py") in shipped and Path("graphs.py") in shipped
+    assert len(shipped) > 30 and Path("course/given.py") in shipped and Path("core/graphs.py") in shipped
     flagged = {str(f): _shapes(KIT / f) for f in shipped}
     assert not {f: s for f, s in flagged.items() if s}
     for number, stage in stages.STAGES.items():
@@ -213,11 +213,11 @@ def test_each_release_leaves_out_what_answers_its_tasks_and_ships_what_later_one
     files = {m: set(release.file_list(out)) for m, (out, _) in releases.items()}
     for milestone in stages.STAGES:
         held = files[milestone]
-        assert "labkit/given.py" in held and "labkit/kernels.py" in held and "labkit/graphs.py" in held
+        assert "labkit/course/given.py" in held and "labkit/ops/kernels.py" in held and "labkit/core/graphs.py" in held
         assert not [f for f in held if f.startswith("labkit/grading/") or f.endswith(("/bench.py", "/release.py"))]
         assert not [f for f in held if f.endswith(("/gemm.py", "/gemm_cuda.py", "/bench_whole.py"))]
-        assert ("labkit/tensor_cores.py" in held) == (milestone == "10")  # notebook 10's variants use it
-        assert ("labkit/whole.py" in held) == (milestone >= "05")
+        assert ("labkit/ops/tensor_cores.py" in held) == (milestone == "10")  # notebook 10's variants use it
+        assert ("labkit/core/whole.py" in held) == (milestone >= "05")
 
 
 def test_a_release_refuses_answer_code_left_out_code_and_uses_of_it(releases, tmp_path):

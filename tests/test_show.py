@@ -369,7 +369,7 @@ def test_timelines_show_what_the_code_queues():
 @simulated
 def test_cuda_c_is_recorded_on_the_cpu_emulation_as_numba_is_on_the_simulator():
     """06 task 2's CUDA C and task 1's numba kernel: the same thread reads the same window and weights."""
-    from labkit.cudacpu import record as c_record
+    from labkit.lessons import cuda_record as c_record
 
     if c_record.available():
         pytest.skip(c_record.available())

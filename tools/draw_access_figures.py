@@ -15,7 +15,7 @@ stage 02's prange tasks, which CPU thread does what), never code.
                                                        # kernels, made through the self-check's FAIL hint
 
 Tasks without a figure: no GPU work of their own (05 and 07 task 3's predictions, 09 task 4's search space). The CUDA
-C tasks (06 task 2, 09 tasks 2 and 3) are recorded on the CPU emulation of CUDA C (``labkit.cudacpu.record``).
+C tasks (06 task 2, 09 tasks 2 and 3) are recorded on the CPU emulation of CUDA C (``labkit.lessons.cuda_record``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ FIGURES = REPO / "notebooks" / "figures"
 DOCS_IMG = REPO / "docs" / "img"
 
 
-from labkit.scenes import SCENES, Scene, digest  # noqa: E402,F401 - the scenes live in the package (lk.show.task)
+from labkit.lessons.scenes import SCENES, Scene, digest  # noqa: E402,F401 - the scenes live in the package (lk.show.task)
 
 DOCS_FIGURES = {"05_task1": "show-05-tile-halo.png", "06_task1": "show-06-uniform-divergent.png",
                 "09_task3": "show-09-register-window.png"}

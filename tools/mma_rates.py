@@ -4,7 +4,7 @@ and on fp16 (m16n8k16), both with fp32 sums, in multiply-adds a second; and the 
 Each is a loop of independent operations in registers (eight accumulators a thread, no memory traffic), 8 blocks of
 256 threads a multiprocessor, timed with CUDA events around the launch after a warm-up, median of ``--repeat``.
 This is what decides whether a 3xTF32 product (three TF32 MMAs) or a split fp16 one (three fp16 MMAs) can beat the
-FMA units (``labkit/tensor_cores.py``). The copy bandwidth is a device-to-device copy of ``--copy-mib`` MiB
+FMA units (``labkit/ops/tensor_cores.py``). The copy bandwidth is a device-to-device copy of ``--copy-mib`` MiB
 (``cudaMemcpyAsync``), its bytes read and written over its time, median of ``--repeat``. Together they are what
 ``labkit.floors`` bounds a forward call with; ``--save`` keeps them as this device's in ``results/unit_rates.json``.
 Needs a GPU with cupy.

@@ -25,7 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from .rubric import GradeError
+from ..launch import device
+from . import context
+from .cores import Cores
+from .isolation import by_mode
+from .rubric import GradeError, load_rubric
+from .turns import merged
 
 #: dask-jobqueue's cluster classes, by the name --cluster takes
 JOBQUEUE = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster",
@@ -171,21 +176,14 @@ def _context(spec: dict):
     key = (tuple(spec["stages"]), spec["rubric"], spec["solutions"])
     with _lock:
         if key not in _contexts:
-            from .. import device
-            from .isolation import by_mode  # the run's sandbox, on this worker's machine too
-            from .run import Context, simulator_if_no_driver
-            from .rubric import load_rubric
-
-            from .run import sandbox_refusal
-
-            simulator_if_no_driver()
+            context.simulator_if_no_driver()
             info = device.info()
-            rubric, iso = load_rubric(spec["rubric"]), by_mode(spec.get("sandbox"))
-            refused = sandbox_refusal(iso, spec.get("private") or {}, rubric.base["limits"]["memory_mb"],
+            rubric, iso = load_rubric(spec["rubric"]), by_mode(spec.get("sandbox"))  # the run's sandbox, here too
+            refused = context.sandbox_refusal(iso, spec.get("private") or {}, rubric.base["limits"]["memory_mb"],
                                       _env(spec) or None)
             if refused:  # every task of this worker fails with it: its rows say why
                 raise GradeError(f"this worker ({os.uname().nodename}) cannot grade: {refused}")
-            ctx = Context(list(spec["stages"]), rubric, Path(spec["solutions"]), info.kind == "gpu", info.simulated,
+            ctx = context.Context(list(spec["stages"]), rubric, Path(spec["solutions"]), info.kind == "gpu", info.simulated,
                           iso)
             if info.kind == "gpu" and worker_gpu() is not None and spec.get("gpus"):
                 ctx.turns.cores = kept_core(spec["gpus"])
@@ -197,8 +195,6 @@ def kept_core(gpus: list) -> "Cores":
     """This dask-cuda worker's share of the cores kept free for timed phases (``labkit.grading.cores``): every worker
     reckons the same ones, one per GPU of the run, from the cores it may use (dask-cuda gives each the cores nearest
     its GPU), keeps them all free of its threads and children, and times on the one at its GPU's place."""
-    from .cores import Cores
-
     names = [str(g) for g in gpus]
     cores = Cores(len(names)).share(names.index(worker_gpu()) if worker_gpu() in names else len(names))
     cores.start()  # for the worker's life: it ends with the run
@@ -208,8 +204,6 @@ def kept_core(gpus: list) -> "Cores":
 def worker_summary() -> dict:
     """This worker for the report's ``meta.turns.by_worker``: where it ran (host, pid, GPU, the cores it may use),
     its turns and the time limits its reference jobs set, over every context it made."""
-    from .turns import merged
-
     with _lock:
         summary = merged([ctx.turns.summary() for ctx in _contexts.values()])
         limits = {stage: lim for ctx in _contexts.values() for stage, lim in ctx.limits.items()}
@@ -221,9 +215,7 @@ def worker_summary() -> dict:
 
 def grade_remote(spec: dict, task: dict) -> dict:
     """One (student, stage) on a cluster worker (a Dask task)."""
-    from .run import grade_task
-
-    row = grade_task(_context(spec), task, _env(spec))
+    row = context.grade_task(_context(spec), task, _env(spec))
     row["details"]["worker"] = f"{os.uname().nodename}:{os.getpid()}"
     return row
 

@@ -19,7 +19,8 @@ import subprocess
 from collections.abc import Callable
 from importlib import metadata
 
-from .. import device
+from ..about import __version__
+from ..launch import device
 
 PACKAGES = ("numpy", "numba", "numba-cuda", "cupy", "labkit")
 _CUPY = ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x")
@@ -27,9 +28,7 @@ _CUPY = ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x")
 
 def _version(name: str) -> str | None:
     if name == "labkit":
-        import labkit
-
-        return getattr(labkit, "__version__", None)
+        return __version__
     names = _CUPY if name == "cupy" else (name,)
     for n in names:
         try:

@@ -14,8 +14,8 @@ import hashlib
 
 import numpy as np
 
-from .. import reference
-from ..layers import ACT_CODES, groups
+from ..model import reference
+from ..model.layers import ACT_CODES, groups
 
 
 def fingerprint(got: np.ndarray) -> str:

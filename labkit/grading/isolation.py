@@ -35,15 +35,15 @@ import os
 import shlex
 import shutil
 import signal
-import site
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
-from .. import cudacpu
 from .cores import set_affinity
+from .processes import (WAIT_GONE_S, descendants, foreign_namespaces, kill_tree, ns_members, proc_table,
+                        wait_gone, wait_stopped)
+from .reading import (ETC, SYSTEM, SYSTEM_LINKS, child_env, kit_paths, named, nvidia_devices,  # noqa: F401
+                      python_path, python_path_refusal)
 from .rubric import GradeError
 
 MODES = ("bwrap", "apptainer", "docker")
@@ -52,18 +52,6 @@ IMAGE_ENV = "LABKIT_SANDBOX_IMAGE"
 BWRAP_ENV = "LABKIT_BWRAP"  # a bubblewrap binary that is not on PATH
 DOCKER_ENV = "LABKIT_DOCKER"  # the docker-compatible command of --sandbox docker (e.g. podman), else docker
 
-#: the system folders every child reads (the interpreter's shared libraries, the CUDA driver's)
-SYSTEM = ("/usr",)
-#: top-level folders that are symlinks into /usr on merged-/usr systems (copied as symlinks), else bound
-SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-#: the few files of /etc a Python process and the dynamic loader read (not /etc as a whole: it holds secrets)
-ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf",
-       "alternatives", "fonts", "os-release")
-#: environment variables a child keeps (a grader's tokens and keys stay out: the student's output is reported)
-ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED",
-            "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
-ENV_KEEP_PREFIXES = ("NUMBA_", "CUDA_", "CUPY_", "NVIDIA_", "LABKIT_", "OMP_", "MKL_", "OPENBLAS_", "LC_")
-WAIT_GONE_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,160 +74,6 @@ class Child:
     init_pid: int | None = None  # the PID namespace's first process, as this machine numbers it (bwrap)
     pid_ns: int | None = None  # that namespace's inode
     name: str = ""  # the container's name (docker)
-
-
-# ------------------------------------------------------------------------------------------- what a child reads
-
-
-def _covered(path: str, others) -> bool:
-    return any(path != o and Path(path).is_relative_to(o) for o in others)
-
-
-def kit_paths() -> list[str]:
-    """The Python environment the grader runs in (prefixes, site-packages, the interpreter's real folder) and the
-    library folders its environment names, outermost only; never a folder that holds the kit's checkout (its
-    solutions/ are what a student must not read)."""
-    checkout = _checkout()
-    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-             str(Path(os.path.realpath(sys.executable)).parent), *site.getsitepackages()}
-    if _user_site():
-        found.add(site.getusersitepackages())
-    for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
-        found.update(p for p in os.environ.get(var, "").split(os.pathsep) if p)
-    found.update(cudacpu.sandbox_paths())  # a $LABKIT_CXX outside the system folders (CUDA C without a GPU)
-    paths = {os.path.realpath(p) for p in found} | {os.path.abspath(p) for p in found}
-    keep = sorted(p for p in paths if os.path.exists(p) and not checkout.is_relative_to(p))
-    return [p for p in keep if not _covered(p, keep) and not _covered(p, SYSTEM)]
-
-
-def _user_site() -> bool:
-    """Whether this Python imports from the user's site-packages (``pip install --user``): the child must too."""
-    return bool(site.ENABLE_USER_SITE) and site.getusersitepackages() in sys.path
-
-
-def _checkout() -> Path:
-    """The folder that holds the grader's labkit package (a checkout, with its solutions/, or site-packages)."""
-    return Path(__file__).resolve().parent.parent.parent
-
-
-def python_path(env: dict | None = None) -> list[str]:
-    """The grader's ``PYTHONPATH`` folders a bubblewrap child imports from too (absolute, existing, once each), less
-    the folder of the grader's own labkit: the child imports labkit from its job's private copy, and a checkout holds
-    the solutions."""
-    env = os.environ if env is None else env
-    out: list[str] = []
-    for entry in env.get("PYTHONPATH", "").split(os.pathsep):
-        path = os.path.abspath(entry) if entry else ""
-        if path and os.path.isdir(path) and Path(path).resolve() != _checkout() and path not in out:
-            out.append(path)
-    return out
-
-
-def python_path_refusal(private: dict[str, str | Path], env: dict | None = None) -> str:
-    """Why the grader's PYTHONPATH cannot be bound into the sandbox, in one line ("" when it can): an entry that holds
-    one of ``private`` ({what: path}: the submissions, --out, the solutions), the jobs' folders (the system's
-    temporary folder), the grader's labkit checkout, the home folder or /, which a student's code must not read."""
-    import tempfile
-
-    guarded = {**{what: Path(p) for what, p in private.items() if p}, "the jobs' folders": Path(tempfile.gettempdir()),
-               "the home folder": Path.home()}
-    if (_checkout() / "solutions").is_dir():
-        guarded["the kit's checkout"] = _checkout()
-    for entry in python_path(env):
-        real = Path(entry).resolve()
-        if real == Path("/"):
-            return ("PYTHONPATH holds /, which would let a student's code read every file: take it off PYTHONPATH "
-                    "(put the packages in a folder of their own, e.g. pip install --target DIR)")
-        for what, path in guarded.items():
-            if path.resolve().is_relative_to(real):
-                return (f"PYTHONPATH entry {entry} holds {what} ({path}), which a student's code must not read: take "
-                        f"it off PYTHONPATH (put the packages in a folder of their own, e.g. pip install --target "
-                        f"DIR), or grade --unsandboxed only code you trust")
-    return ""
-
-
-def child_env(env: dict, scratch: str, lib: str | None, extra_path=()) -> dict:
-    """The child's environment inside a sandbox: the grader's, less anything secret, with HOME, TMPDIR and every
-    cache in the scratch folder and labkit imported from ``lib`` (the job's private copy) first, then ``extra_path``
-    (the grader's PYTHONPATH where the sandbox binds it: ``python_path``)."""
-    out = {k: v for k, v in env.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
-    s = Path(scratch)
-    out.update(HOME=str(s), TMPDIR=str(s / "tmp"), XDG_CACHE_HOME=str(s / ".cache"), MPLCONFIGDIR=str(s / ".mpl"),
-               CUPY_CACHE_DIR=str(s / ".cupy"), PYTHONDONTWRITEBYTECODE="1")
-    if _user_site():  # HOME moves to the scratch folder: name the user's site-packages where they are
-        out["PYTHONUSERBASE"] = site.getuserbase()
-    else:
-        out["PYTHONNOUSERSITE"] = "1"
-    if not Path(out.get("NUMBA_CACHE_DIR", "/")).is_relative_to(s):
-        out["NUMBA_CACHE_DIR"] = str(s / "numba-cache")
-    out.pop("PYTHONPATH", None)
-    path = [p for p in [lib, *extra_path] if p]
-    if path:
-        out["PYTHONPATH"] = os.pathsep.join(path)
-    (s / "tmp").mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def _named(package: str, version: str | None) -> str:
-    return f"{package} {version}" if version else package
-
-
-def nvidia_devices() -> list[str]:
-    """The NVIDIA device nodes of this machine (``/dev/nvidia*``, ``/dev/nvidia-caps``): bound where present."""
-    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
-
-
-# ------------------------------------------------------------------------------------------------- processes
-
-
-def _pid_ns(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
-        return None
-
-
-def ns_members(ns: int) -> list[int]:
-    """Every process of this machine in the PID namespace ``ns`` (empty once the namespace is gone)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _pid_ns(int(entry)) == ns:
-            out.append(int(entry))
-    return out
-
-
-def wait_gone(namespaces, timeout: float = WAIT_GONE_S) -> list[int]:
-    """Wait until no process of these PID namespaces runs any more; those still running at the timeout. A zombie
-    has ended (its memory, files and devices are released: only its exit status waits to be collected): bubblewrap
-    leaves its namespace's first process to the machine's init, which may reap it a second or two later."""
-    namespaces = {n for n in namespaces if n}
-    deadline = time.monotonic() + timeout
-    while True:
-        left = [pid for ns in namespaces for pid in ns_members(ns) if _state(pid) not in ("Z", "X")]
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.05)
-
-
-def foreign_namespaces(pids) -> set[int]:
-    """The PID namespaces of ``pids`` other than this process's own (a container's)."""
-    own = _pid_ns(os.getpid())
-    return {ns for ns in map(_pid_ns, pids) if ns and ns != own}
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "X"  # gone
-
-
-def _wait_stopped(pids, timeout: float = 2.0) -> None:
-    """Until every one of ``pids`` is stopped (or gone), at most ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while any(_state(p) not in ("T", "t", "Z", "X") for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.002)
 
 
 # ---------------------------------------------------------------------------------------------------- modes
@@ -279,7 +113,6 @@ class Isolation:
 
     def stop(self, child: Child) -> list[int]:
         """End the child and everything it started; the pids still alive after (none expected)."""
-        from .sandbox import kill_tree
 
         kill_tree(child.proc)
         return []
@@ -290,9 +123,8 @@ class Isolation:
 
     def processes(self, child: Child) -> list[int]:
         """Every process of the job now: the child's session and its descendants."""
-        from .sandbox import _proc_table, descendants
 
-        table = _proc_table()
+        table = proc_table()
         return sorted({pid for pid, _, pgid in table if pgid == child.proc.pid}
                       | set(descendants(child.proc.pid, table)) | ({child.proc.pid} if child.proc.poll() is None
                                                                    else set()))
@@ -311,7 +143,7 @@ class Isolation:
                     except (ProcessLookupError, PermissionError):
                         pass
         if stop:  # a signal takes effect when its process next runs: a turn starts once they all have
-            _wait_stopped(done)
+            wait_stopped(done)
 
     def pin(self, child: Child, cores: set[int]) -> None:
         """Every thread of every process of the job onto ``cores`` (a turn's kept core, and back)."""
@@ -342,7 +174,7 @@ class Bwrap(Sandboxed):
 
     def advice(self, package: str, version: str | None) -> str:
         return (f"bubblewrap binds the grader's Python environment and its PYTHONPATH folders, so the child imports "
-                f"{package} from a folder the grader does not: install {_named(package, version)} where the grader's "
+                f"{package} from a folder the grader does not: install {named(package, version)} where the grader's "
                 f"Python imports it from, and leave one version on the path")
 
     def command(self, argv: list[str], view: View, info_fd: int | None = None) -> list[str]:
@@ -392,7 +224,6 @@ class Bwrap(Sandboxed):
     def stop(self, child: Child) -> list[int]:
         """SIGKILL the namespace's first process: the kernel kills every other process of the namespace, and bwrap
         exits once they are all gone; then check that none is left."""
-        from .sandbox import kill_tree
 
         if child.init_pid and child.proc.poll() is None:
             try:
@@ -430,7 +261,7 @@ class Container(Sandboxed):
 
     def advice(self, package: str, version: str | None) -> str:
         return (f"the image {self.image} ({IMAGE_ENV}) must hold the grader's versions: install "
-                f"{_named(package, version)} in it (or grade with a Python that has the image's)")
+                f"{named(package, version)} in it (or grade with a Python that has the image's)")
 
 
 class Apptainer(Container):
@@ -459,14 +290,12 @@ class Apptainer(Container):
                                       **popen))
 
     def stop(self, child: Child) -> list[int]:
-        from .sandbox import descendants, kill_tree
 
         namespaces = foreign_namespaces(descendants(child.proc.pid))
         kill_tree(child.proc)  # the container's first process among them: its namespace goes with it
         return wait_gone(namespaces)
 
     def processes(self, child: Child) -> list[int]:
-        from .sandbox import descendants
 
         members = [pid for ns in foreign_namespaces(descendants(child.proc.pid)) for pid in ns_members(ns)]
         return sorted(set(members) | set(super().processes(child)))
@@ -516,7 +345,6 @@ class Docker(Container):
         """The engine runs the container, not this process: ``docker kill`` (SIGKILL at once; podman's ``rm -f`` alone
         sends SIGTERM, which the container's first process ignores, and kills 10 s later, while a detached process
         still runs), then ``docker rm -f``, which returns once it is gone."""
-        from .sandbox import kill_tree
 
         for action in (["kill", child.name], ["rm", "-f", child.name]):
             try:

@@ -16,11 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import data, graphs, reference, simulator, tasks, whole
-from ..cudacpu import LABEL as CUDA_C_LABEL
-from ..check import CheckResult, answer, compare, kept_from_earlier, layer_case, network_case, weighted
-from ..engine import NanCauses
-from ..nets import get_net
+from ..core import graphs, whole
+from ..core.cases import answer, kept_from_earlier, layer_case, network_case, weighted
+from ..core.check import CheckResult, compare
+from ..core.engine import NanCauses
+from ..course import tasks
+from ..ladder import tune
+from ..launch import simulator
+from ..launch.cudacpu import LABEL as CUDA_C_LABEL
+from ..model import data, reference
+from ..model.nets import get_net
 from . import environment, hints, isolation, sandbox, scoring
 from . import protocol as P
 from .ahead import Ahead
@@ -29,7 +34,6 @@ from .plan import References, StagePlan
 from .protocol import read_array
 from .scoring import JobOutcome
 from .turns import WHOLE, Running, Turns
-
 
 #: how far a timed pass's class probability may be from the float64 reference's (float32 sums differ by ~1e-6)
 PROBABILITY_TOL = 1e-3
@@ -154,8 +158,6 @@ def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
 def _tuning_copy(folder: Path) -> str:
     """A copy of the tuning choices this grader reads (``results/tuning.json``), for the child to read the same:
     a tuned variant then runs the kernels the student's notebook picks, not a fallback ("" when there are none)."""
-    from .. import tune
-
     if not tune.STORE.is_file():
         return ""
     shutil.copyfile(tune.STORE, folder / "tuning.json")
@@ -250,7 +252,7 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     (the whole machine's turn: every other job stopped), scales the students' time limit. Where it scales nothing
     (``limits.time_factor = 0``) only its timed phase takes the device's turn, as a student's does, and the other
     jobs run beside the rest of it. A solution that does not pass is the grader's error."""
-    job = Job(plan, refs, "(reference solution)", plan.solution, seed, gpu)
+    job = GradingJob(plan, refs, "(reference solution)", plan.solution, seed, gpu)
     job.env_extra, job.sandbox, job.turns = dict(env_extra or {}), sandbox, turns
     job.alone = bool(plan.rubric["limits"]["time_factor"])
     job.time_limit = 2 * plan.time_limit  # the kit's own code: a busy machine must not make it the grader's error
@@ -342,8 +344,9 @@ def _classes_mismatch(got: np.ndarray | None, probs: np.ndarray) -> str | None:
                                                    if unwritten else ""))
 
 
-class Job:
-    """One (student, stage): build inputs, run the child, judge what comes back."""
+class GradingJob:
+    """One (student, stage) graded, the parent's side: build inputs, run the child, judge what comes back (the
+    child's side is ``worker.GradingChild``)."""
 
     def __init__(self, plan: StagePlan, refs: References, student: str, notebook: Path, seed: int, gpu: bool):
         self.plan, self.refs, self.student, self.notebook = plan, refs, student, notebook
@@ -373,8 +376,38 @@ class Job:
         plan, r = self.plan, self.plan.rubric
         rng = np.random.default_rng(self.seed)
         inputs = Inputs(self.refs)
-        cases: list[P.CaseSpec] = []
+        cases = self._cases(inputs, rng)
         accuracy: list[P.AccuracySpec] = []
+        for vname, net_name, images, target in plan.accuracy_runs():
+            aid = f"{vname}/{net_name}"
+            accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
+            self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
+        timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
+        task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
+        # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
+        self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
+        self._answers.update({("pass", k): piece
+                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images))})
+        self._ahead = Ahead(self._answers, self.turns, self.running)
+        self.outcome.task_calls = {}
+        for want in self._task_expected.values():
+            self.outcome.task_calls[want["task"]] = self.outcome.task_calls.get(want["task"], 0) + 1
+        self.outcome.cases = len(cases)
+        self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
+        self.outcome.accuracy_runs = len(accuracy)
+        tech = plan.technique()
+        return P.JobSpec(stage=plan.stage.number, notebook="", inputs=inputs.save(folder),
+                         variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
+                         cases=cases, accuracy=accuracy, timing=timing, tasks=task_calls,
+                         technique=P.TechniqueSpec(**tech) if tech else None,
+                         own_layers=list(r["checks"].get("own_layers", ["conv"])), memory_mb=r["limits"]["memory_mb"],
+                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
+                         max_file_mb=r["limits"]["max_file_mb"])
+
+    def _cases(self, inputs: Inputs, rng) -> list[P.CaseSpec]:
+        """Every check's case, its inputs put into ``inputs`` and its float64 answer left to compute ahead."""
+        plan = self.plan
+        cases: list[P.CaseSpec] = []
 
         def put_case(case, vname: str, batch: int, what: str, net_name: str, net=None,
                      lands_on: int | None = None) -> None:
@@ -414,31 +447,7 @@ class Job:
                     case = network_case(net_name, b, rng, target=spec.target, answers=False)
                     put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net, lands_on=before)
                     before = len(cases) - 1
-        for vname, net_name, images, target in plan.accuracy_runs():
-            aid = f"{vname}/{net_name}"
-            accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
-            self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
-        timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
-        task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
-        # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
-        self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
-        self._answers.update({("pass", k): piece
-                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images))})
-        self._ahead = Ahead(self._answers, self.turns, self.running)
-        self.outcome.task_calls = {}
-        for want in self._task_expected.values():
-            self.outcome.task_calls[want["task"]] = self.outcome.task_calls.get(want["task"], 0) + 1
-        self.outcome.cases = len(cases)
-        self.outcome.case_variants = {cid: c["variant"] for cid, c in self.cases.items()}
-        self.outcome.accuracy_runs = len(accuracy)
-        tech = plan.technique()
-        return P.JobSpec(stage=plan.stage.number, notebook="", inputs=inputs.save(folder),
-                         variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
-                         cases=cases, accuracy=accuracy, timing=timing, tasks=task_calls,
-                         technique=P.TechniqueSpec(**tech) if tech else None,
-                         own_layers=list(r["checks"].get("own_layers", ["conv"])), memory_mb=r["limits"]["memory_mb"],
-                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
-                         max_file_mb=r["limits"]["max_file_mb"])
+        return cases
 
     # ---- judging, message by message
     def _case(self, msg: P.CaseResult, payload: bytes) -> None:
@@ -847,8 +856,8 @@ class Job:
         return scoring.row(self.plan, self.student, self.notebook, self.seed, self.outcome)
 
 
-class TechniqueJob(Job):
-    """A job's technique part alone, in a child under the CUDA simulator (``Job._technique_counted``): the
+class TechniqueJob(GradingJob):
+    """A job's technique part alone, in a child under the CUDA simulator (``GradingJob._technique_counted``): the
     submission loaded as in any job, no checks, then the technique's load fractions."""
 
     def build(self, folder: Path) -> P.JobSpec:
@@ -868,7 +877,7 @@ class TechniqueJob(Job):
     def _on_accuracy_done(self, msg, payload, answer) -> None:
         answer(P.Answer.SKIP)  # no timing: the technique's count, which comes after it
 
-    HANDLERS = {**Job.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done}
+    HANDLERS = {**GradingJob.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done}
 
     @staticmethod
     def failure(o: JobOutcome) -> str:

@@ -19,210 +19,21 @@ from __future__ import annotations
 
 import ast
 import builtins
-import contextlib
 import functools
 import inspect
-import os
 import sys
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import contextmanager
 
+from ..launch import gpu as kit_gpu
+from ..model.layers import impl_for, kernel_layers
+from .library import (  # noqa: F401 - ownership.Library, ownership.Code, ownership.load_cells, as before
+    FAMILY_ROOTS, INTERNAL, LABKIT_MODULES, METHODS, SHARED_WRAPPERS, SUBMODULES, Code, Library, cell_contents,
+    code_objects, functions_behind, in_family, load_cells)
+from ..model.nets import get_net
+
 _setprofile, _getprofile = sys.setprofile, sys.getprofile  # bound before any student code exists
-
-LABKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the (private) labkit package
-_KERNELS_FILE = os.path.join(LABKIT_DIR, "kernels.py")
-
-#: numpy (and cupy) routines that compute a product, a convolution or a window view for you
-ROUTINES = ("dot", "matmul", "einsum", "einsum_path", "tensordot", "convolve", "correlate", "inner", "outer", "vdot",
-            "kron")
-#: submodules whose every function is a library routine
-SUBMODULES = ("numpy.linalg", "numpy.fft", "cupy.linalg", "cupy.fft", "cupy.cuda.cudnn", "cupy.cudnn",
-              "cupy.cublas", "cupy.cuda.cublas", "cupyx", "scipy", "torch", "tensorflow", "jax")
-STRIDE_TRICKS = ("sliding_window_view", "as_strided")
-#: labkit modules that compute a layer for you, and the engine's entry points that fall back to the reference
-LABKIT_MODULES = ("labkit.reference", "labkit.cudnn")
-LABKIT_ENGINE = ("forward", "run", "call_layer", "checked_call", "time_passes")
-#: method names of an array that compute a product (an unresolvable ``x.dot(w)``)
-METHODS = ("dot", "matmul", "tensordot", "einsum", "__matmul__")
-#: modules whose calls into a library are its own business (the simulator, numpy calling numpy)
-_INTERNAL = ("numba", "numpy", "scipy", "torch", "cupy", "cupyx", "importlib", "functools")
-
-#: files whose functions wrap others (their code object is the same for every wrapped function)
-_SHARED_WRAPPERS = frozenset(os.path.abspath(m.__file__) for m in (contextlib, functools)) | \
-    frozenset(m.__file__ for m in (contextlib, functools))
-
-_FAMILY_ROOTS = ("numpy", "cupy", "cupyx", "scipy", "torch", "tensorflow", "jax", "labkit")
-
-
-def _in_family(modname: str, families: Iterable[str]) -> bool:
-    return any(modname == f or modname.startswith(f + ".") for f in families)
-
-
-def _public(modname: str) -> str:
-    """``numpy.linalg._linalg`` -> ``numpy.linalg``: the name a student would write."""
-    parts = modname.split(".")
-    while len(parts) > 1 and parts[-1].startswith("_"):
-        parts.pop()
-    return ".".join(parts)
-
-
-class Library:
-    """Every library compute routine loaded in this process, by identity -> its name ("numpy.matmul")."""
-
-    def __init__(self):
-        self.names: dict[int, str] = {}
-        self._objects: list = []  # keeps them alive (ids stay valid)
-        self._seen_modules = 0
-
-    def refresh(self) -> None:
-        mods = dict(sys.modules)
-        if len(mods) == self._seen_modules:
-            return
-        self._seen_modules = len(mods)
-        for name in sorted(mods):
-            mod = mods[name]
-            if not isinstance(mod, types.ModuleType) or not _in_family(name, _FAMILY_ROOTS):
-                continue
-            family = next((f for f in SUBMODULES + LABKIT_MODULES if _in_family(name, (f,))), None)
-            for attr, value in list(vars(mod).items()):
-                if attr.startswith("_") or isinstance(value, (types.ModuleType, type)) or not callable(value):
-                    continue
-                qual = None
-                owner = getattr(value, "__module__", None)
-                if name in ("numpy", "cupy") and attr in ROUTINES:
-                    qual = f"{name}.{attr}"
-                elif name in ("numpy.lib.stride_tricks", "cupy.lib.stride_tricks") and attr in STRIDE_TRICKS:
-                    qual = f"{name}.{attr}"
-                elif name == "labkit.engine" and attr in LABKIT_ENGINE:
-                    qual = f"{name}.{attr}"
-                elif family is not None and (not isinstance(owner, str) or _in_family(owner, (family,))):
-                    # a routine of that library (not a name it imported from elsewhere, such as labkit.get_net)
-                    qual = f"{_public(owner) if isinstance(owner, str) else name}.{attr}"
-                if qual is not None and id(value) not in self.names:
-                    self.names[id(value)] = qual
-                    self._objects.append(value)
-
-    def name(self, obj) -> str | None:
-        """The library routine ``obj`` is, or None."""
-        try:
-            return self.names.get(id(obj))
-        except TypeError:
-            return None
-
-
-# ---------------------------------------------------------------------------------------------- code objects
-
-
-def code_objects(code: types.CodeType) -> list[types.CodeType]:
-    """``code`` and every code object nested in it (functions, lambdas, comprehensions, classes)."""
-    out, todo = [], [code]
-    while todo:
-        c = todo.pop()
-        out.append(c)
-        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return out
-
-
-def cell_filename(notebook: str, index: int) -> str:
-    return f"<{notebook} cell {index}>"
-
-
-class Code:
-    """Where code comes from: the student's cells, given code, the kit's solution of this stage, or elsewhere."""
-
-    def __init__(self, stage: str, stage_notebooks: dict[str, str]):
-        self.stage = stage
-        self.own: set = set()  # code objects compiled from the student's kernel cells
-        self.solution: set = set()  # ... from the kit's solution of the graded stage
-        self.trees: dict[str, ast.Module] = {}  # cell file name -> its ast (the student's)
-        self.earlier = {nb for number, nb in stage_notebooks.items() if number < stage}
-
-    def kind(self, code: types.CodeType | None) -> str:
-        if code is None:
-            return "other"
-        if code in self.own:
-            return "own"
-        if code in self.solution:
-            return "solution"
-        name = code.co_filename
-        if name.startswith("<") and " cell " in name and name[1:].split(" cell ", 1)[0] in self.earlier:
-            return "given"
-        if os.path.abspath(name) == _KERNELS_FILE:
-            return "kit"
-        if os.path.abspath(name).startswith(LABKIT_DIR + os.sep):
-            return "labkit"
-        return "other"
-
-
-def load_cells(path: str, record: set, trees: dict | None = None, define: tuple[str, ...] = ()) -> dict:
-    """``labkit.nbcells.load`` that also records every code object its cells compile to (and their asts); with
-    ``define``, also the untagged cells that define those functions (``nbcells.tagged_cells``)."""
-    import linecache
-    import re
-    from pathlib import Path
-
-    from .. import nbcells
-
-    path = Path(path)
-    cells = nbcells.tagged_cells(nbcells._read_quick(path) or nbcells.read(path), define=define)
-    if not cells:
-        raise nbcells.NotebookError(f"{path.name} has no code cells tagged {nbcells.KERNEL_TAG!r}; the cells that "
-                                    f"define your kernels must keep that tag (View > Cell Toolbar > Tags in Jupyter)")
-    ns = {"__name__": f"labkit_nb_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"}
-    for index, src in cells:
-        filename = cell_filename(path.name, index)
-        linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
-        code = compile(src, filename, "exec")
-        record.update(code_objects(code))
-        if trees is not None:
-            trees[filename] = ast.parse(src, filename)
-        exec(code, ns)  # noqa: S102 - running the student's own cells is the point
-    return ns
-
-
-# ------------------------------------------------------------------------------------------- unwrapping
-
-
-def functions_behind(obj) -> list[types.FunctionType]:
-    """The Python functions a callable runs: jit dispatchers' ``py_func``, partials, bound methods, a callable
-    object's ``__call__``, and what labkit's wrappers (``lk.gpu.with_copies``) keep in ``device_fn`` and their
-    closures."""
-    out, todo, seen = [], [obj], set()
-    while todo:
-        o = todo.pop()
-        if id(o) in seen or o is None:
-            continue
-        seen.add(id(o))
-        if isinstance(o, functools.partial):
-            todo.append(o.func)
-        elif inspect.ismethod(o):
-            todo.append(o.__func__)
-        elif isinstance(o, types.FunctionType):
-            out.append(o)
-            if os.path.abspath(o.__code__.co_filename).startswith(LABKIT_DIR + os.sep):
-                todo.append(getattr(o, "device_fn", None))  # a labkit wrapper: what it wraps
-                todo.extend(_cell_contents(o))
-        elif getattr(o, "py_func", None) is not None and getattr(o, "py_func", None) is not o:
-            todo.append(o.py_func)
-        elif not isinstance(o, type) and callable(o):
-            call = getattr(type(o), "__call__", None)
-            if isinstance(call, types.FunctionType):
-                todo.append(call)
-    return out
-
-
-def _cell_contents(fn: types.FunctionType) -> list:
-    out = []
-    for cell in fn.__closure__ or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            continue
-        if callable(value) and not isinstance(value, (type, types.ModuleType)):
-            out.append(value)
-    return out
-
 
 # ------------------------------------------------------------------------------------------ static scan
 
@@ -230,9 +41,6 @@ def _cell_contents(fn: types.FunctionType) -> list:
 def conv_roots(variant, kinds=("conv",)) -> list[tuple[str, object]]:
     """(label, function) of every conv function of a variant (or of every layer of ``kinds``: the stage's own work,
     ``checks.own_layers``), one per function: ("conv1, conv2 (variant 'x')", fn)."""
-    from ..layers import impl_for, kernel_layers
-    from ..nets import get_net
-
     by_fn: dict[int, tuple[list[str], object]] = {}
     for net_name in variant.nets:
         for layer in kernel_layers(get_net(net_name)):
@@ -302,14 +110,14 @@ def _scan_function(fn: types.FunctionType, node: ast.AST, lib: Library, stage: s
             for alias in sub.names:
                 local_imports[(alias.asname or alias.name).split(".")[0]] = \
                     alias.name if alias.asname else alias.name.split(".")[0]
-                if _in_family(alias.name, SUBMODULES + LABKIT_MODULES):
+                if in_family(alias.name, SUBMODULES + LABKIT_MODULES):
                     found.append(f"imports {alias.name} ({_where(fn, sub)})")
         elif isinstance(sub, ast.ImportFrom) and sub.module:
             mod = sys.modules.get(sub.module)
             for alias in sub.names:
                 obj = getattr(mod, alias.name, _MISSING) if mod is not None else _MISSING
                 what = lib.name(obj) if obj is not _MISSING else None
-                if what is None and _in_family(f"{sub.module}.{alias.name}", SUBMODULES + LABKIT_MODULES):
+                if what is None and in_family(f"{sub.module}.{alias.name}", SUBMODULES + LABKIT_MODULES):
                     what = f"{sub.module}.{alias.name}"
                 if what:
                     found.append(f"imports {what} ({_where(fn, sub)})")
@@ -334,7 +142,7 @@ def _scan_function(fn: types.FunctionType, node: ast.AST, lib: Library, stage: s
             parts = _chain(sub.func)
             obj = _resolve(parts, scope, local_imports) if parts else _MISSING
             if obj is not _MISSING and getattr(obj, "__name__", "") == "from_stage" and \
-                    getattr(obj, "__module__", "") == "labkit.stages" and sub.args and \
+                    getattr(obj, "__module__", "") == "labkit.course.stages" and sub.args and \
                     isinstance(sub.args[0], ast.Constant) and str(sub.args[0].value) >= stage:
                 found.append(f"loads the kit's solution of stage {sub.args[0].value} ({_where(fn, sub)}): only earlier "
                              f"stages' solutions are given code")
@@ -376,7 +184,7 @@ def scan(roots: list[tuple[str, object]], code: Code, lib: Library) -> list[str]
                 findings.extend(f"{label} calls {f[6:]}" if f.startswith("calls ") else f"{label} {f}"
                                 for f in _scan_function(fn, node, lib, code.stage))
             names = {n for c in code_objects(fn.__code__) for n in c.co_names}
-            reached = [fn.__globals__[n] for n in names if n in fn.__globals__] + _cell_contents(fn)
+            reached = [fn.__globals__[n] for n in names if n in fn.__globals__] + cell_contents(fn)
             for obj in reached:
                 if isinstance(obj, (types.ModuleType, type)) or not callable(obj):
                     continue
@@ -415,7 +223,7 @@ class Tracer:
     def _record(self, name: str, caller: str) -> None:
         rec = self.current
         if rec is not None and len(rec["library"]) < 4 and name not in rec["library"] \
-                and not _in_family(caller, _INTERNAL + ("labkit",)):
+                and not in_family(caller, INTERNAL + ("labkit",)):
             rec["library"].append(name)
 
     def _wrapper(self, original: Callable, name: str) -> Callable:
@@ -460,7 +268,7 @@ class Tracer:
                 code = getattr(f, "__code__", None)
                 # a decorator's wrapper (contextlib.contextmanager's helper) shares one code object among every
                 # function it wraps in the process, the kit's own included: only the wrapped function's code names it
-                if isinstance(code, types.CodeType) and code.co_filename not in _SHARED_WRAPPERS:
+                if isinstance(code, types.CodeType) and code.co_filename not in SHARED_WRAPPERS:
                     self._codes.setdefault(code, self.lib.name(obj))
             impl = getattr(obj, "_implementation", None)
             if impl is not None and not hasattr(impl, "__code__"):  # a C routine behind numpy's dispatcher
@@ -468,9 +276,9 @@ class Tracer:
         points = []
         # where a student's code looks a routine up: public modules (np.dot, np.linalg.solve, lk.reference.conv2d,
         # lk.conv2d, scipy.signal.convolve2d), and the names their cells bound (from numpy import dot)
-        owners: list = [m for n, m in sorted(sys.modules.items())
-                        if isinstance(m, types.ModuleType) and _in_family(n, _FAMILY_ROOTS)
-                        and not any(part.startswith("_") for part in n.split("."))]
+        owners: list = list({id(m): m for n, m in sorted(sys.modules.items())  # once each (labkit's old names)
+                             if isinstance(m, types.ModuleType) and in_family(n, FAMILY_ROOTS)
+                             and not any(part.startswith("_") for part in n.split("."))}.values())
         for owner in owners:
             for attr, value in list(vars(owner).items()):
                 name = self.lib.name(value)
@@ -575,7 +383,6 @@ def install_launch_hook(tracer_ref: list, on_launch=None) -> list[tuple[type, st
         installed.append((cls, "call", gpu_call))
     # CUDA C (``lk.gpu.launch_raw``): a cupy RawKernel has no Python function, so the launch counts for the function
     # that asked for it, the host code of the notebook (own, given or the kit's) that holds the kernel's source
-    from labkit import gpu as kit_gpu
 
     orig_raw = kit_gpu.launch_raw
 

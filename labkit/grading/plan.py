@@ -17,11 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import check, data, nbcells, reference, simulator, tasks
-from ..nets import Net, get_net
-from ..stages import STAGES, Stage
-from ..weights_io import load_c_study_weights, load_weights, random_weights
-from ..workloads import Workload, workload
+from ..core import check
+from ..core.workloads import Workload, workload
+from ..course import nbcells, tasks
+from ..course.stages import STAGES, Stage
+from ..launch import simulator
+from ..model import data, reference
+from ..model.nets import Net, get_net
+from ..model.weights_io import load_c_study_weights, load_weights, random_weights
 from .protocol import VariantSpec
 from .rubric import GradeError, Rubric
 from .sandbox import WORKER, child_env

@@ -31,11 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import device
+from ..ladder import tune
+from ..launch import device
+from ..outputs import OutputError, writable_folder
 from . import environment
 from .job import ReferenceTiming
 from .plan import References, StagePlan
-from .sandbox import COPIED, PACKAGE
+from .rubric import GradeError
+from .sandbox import COPIED, PACKAGE, package_folders
 
 #: the layout of an entry; an entry of another schema is ignored (and measured again)
 SCHEMA = 1
@@ -67,7 +70,7 @@ def kit_hash() -> str:
     global _kit
     if _kit is None:
         h = hashlib.sha256()
-        for folder in (PACKAGE, *sorted(d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file())):
+        for folder in package_folders():
             for f in sorted(folder.iterdir()):
                 if f.is_file() and f.suffix in COPIED:
                     h.update(str(f.relative_to(PACKAGE)).encode() + b"\0" + f.read_bytes() + b"\0")
@@ -137,8 +140,6 @@ def _inputs(plan: StagePlan, refs: References) -> dict:
 
 def ingredients(plan: StagePlan, refs: References, env_extra: dict | None, sandbox_mode: str) -> dict:
     """Everything the key is the hash of (kept in the entry, for a person to read)."""
-    from .. import tune
-
     return {
         "schema": SCHEMA, "stage": plan.stage.number,
         "solution": {"name": plan.solution.name, "sha256": _file_sha(plan.solution)}, "given": given_code(plan),
@@ -300,9 +301,6 @@ def choose(cache: str | Path | bool | None, unsandboxed: bool, keep_out: dict[st
     folder named (``--cache``: one that cannot be written is refused, ``GradeError``), False or None none
     (``--no-cache``). The default folder is not used under ``--unsandboxed`` (a submission's code could write it),
     inside ``keep_out`` (the submissions, ``--out``) or where it cannot be written (one warning line)."""
-    from ..outputs import OutputError, writable_folder
-    from .rubric import GradeError
-
     if cache is None or cache is False:
         return None, "--no-cache"
     if cache is not True:

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..outputs import write_or_fallback
+from .environment import one_line
+
 CSV_FIELDS = ["student", "stage", "status", "passed", "score", "max_score", "correctness_points", "accuracy_points",
               "op_time_points", "technique_points", "task_points", "error", "accuracy", "reference_accuracy", "op_time_s",
               "reference_op_time_s", "ratio", "message", "notebook", "seed", "seconds"]
@@ -41,8 +44,6 @@ def write_reports(out: Path, report: dict, gradescope: bool = True) -> Path:
     """Write the reports under ``out``; returns the folder written. Where ``out`` fails at the end of a run (removed,
     full, its permissions changed), they go to a fallback folder instead, named on stderr and in
     ``meta["written_to"]``: a graded class is never lost to a write error."""
-    from ..outputs import write_or_fallback
-
     def write(folder: Path) -> None:
         if folder != Path(out):
             report["meta"]["written_to"] = str(folder)
@@ -205,8 +206,6 @@ def summary_table(report: dict) -> str:
                         for k, v in m.get("skipped_variants", {}).items())
               + f"; memory guard: {m['memory_guard']}; seed {m['seed']}"]
     if m.get("environment"):
-        from .environment import one_line
-
         lines.append(f"environment: {one_line(m['environment'])}")
     if m.get("merge"):
         lines.append(merge_line(report))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..stages import STAGES
-from ..tasks import own_phases
+from ..course.stages import STAGES
+from ..course.tasks import own_phases
+from ..model.nets import NETS
 
 try:
     import tomllib
@@ -116,8 +117,6 @@ def _check_values(where: str, label: str, r: dict) -> None:
     if not 0 <= r["technique"]["min_fraction"] <= 1:
         raise RubricError(f"{where} ({label}): technique.min_fraction must be between 0 and 1")
     if memory:
-        from ..nets import NETS
-
         net = NETS.get(r["technique"]["net"])
         if net is None or r["technique"]["layer"] not in net.conv_layers:
             raise RubricError(f"{where} ({label}): technique.net and technique.layer must name a conv layer of a "

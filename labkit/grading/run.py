@@ -10,64 +10,37 @@ same inputs for the same run seed, so the merged report of a cluster run equals 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
-from .. import device, outputs
-from ..stages import STAGES, label, solutions_folder
-from . import environment, isolation, phases, refcache, scoring
+from .. import outputs
+from ..course.stages import STAGES, label, solutions_folder
+from ..launch import device
+from . import cluster as dask_cluster
+from . import environment, isolation, phases, refcache
+from .context import (  # noqa: F401
+    Context,
+    fresh_seed,
+    grade_task,
+    grader_error_row,
+    job_seed,
+    missing_row,
+    sandbox_refusal,
+    simulator_if_no_driver,
+)
 from .cores import Cores
-from .job import Job, ReferenceTiming, probe, reference_job
-from .plan import References, StagePlan, plan_stage
+from .job import GradingJob, ReferenceTiming, probe, reference_job  # noqa: F401 - run.reference_job, as before
 from .reports import merge_reports, write_reports
-from .rubric import GradeError, Rubric, load_rubric
+from .rubric import GradeError, load_rubric
 from .sandbox import memory_guard_text
-from .sandbox import linger_long as sandbox_linger
 from .submissions import Submission, find_submissions, select_stages
-from .turns import Turns
+from .turns import Turns  # noqa: F401 - run.Turns, as before
 from .turns import merged as merged_turns
-
-
-def simulator_if_no_driver() -> str:
-    """Make sure GPU code can be graded where there is no CUDA driver: on the CUDA simulator (docs/grading.md).
-
-    ``import labkit`` switches it on before numba is imported (``labkit.runtime``); this does it for a process
-    where that did not happen yet. "ready": a driver is here, the simulator is on, or NUMBA_ENABLE_CUDASIM=0 was
-    set by hand; "switched": turned on now; "too-late": no driver, and numba.cuda was imported without the
-    simulator (its mode is fixed then), so only a fresh process can have it."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() == "0" or device._driver_version() is not None:
-        return "ready"
-    if "numba.cuda" in sys.modules:
-        return "ready" if device.info().simulated else "too-late"
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    device.honour_simulator_env()  # numba's core may be imported already: make it read the variable again
-    device.info(refresh=True)
-    return "switched"
-
-
-# ---------------------------------------------------------------------------------------------- seeds
-
-
-def fresh_seed() -> int:
-    """A run seed from the operating system's entropy: nothing a student sees (names, dates, files) gives it."""
-    return int(np.random.SeedSequence().entropy % (2 ** 63))
-
-
-def job_seed(run_seed: int, student: str, stage: str) -> int:
-    """The seed of one (student, stage)'s inputs: a function of the secret run seed and the names, so a job gets
-    the same inputs whatever machine, shard or order grades it, and nobody without the run seed can tell them."""
-    key = int.from_bytes(hashlib.sha256(f"{student}\0{stage}".encode()).digest()[:8], "little")
-    return int(np.random.SeedSequence(int(run_seed), spawn_key=(key,)).generate_state(1, dtype=np.uint32)[0])
-
 
 # ------------------------------------------------------------------------------------------------ GPUs
 
@@ -123,119 +96,6 @@ def parse_gpus(spec: str, available: list[int], flag: str = "--gpus") -> list[in
 def jobs_per_gpu(jobs: int, gpus: list[int]) -> int:
     """``--jobs N`` over G GPUs: N // G jobs at a time on each (never more than N in all), at least one."""
     return max(1, jobs // len(gpus))
-
-
-# ------------------------------------------------------------------------------------ what every job needs
-
-
-class Context:
-    """The plans and the reference data of one run, made once per process (the parent, or a cluster worker)."""
-
-    def __init__(self, stages: list[str], rubric: Rubric, solutions: Path, gpu: bool, simulated: bool,
-                 sandbox: isolation.Isolation | None = None, cache: refcache.ReferenceCache | None = None):
-        chosen = [STAGES[s] for s in stages]
-        self.plans: dict[str, StagePlan] = {s.number: plan_stage(s, solutions, rubric, gpu, simulated)
-                                            for s in chosen}
-        self.refs = References()
-        for plan in self.plans.values():  # the reference data every job shares, prepared before any child starts
-            self.refs.prepare(plan)
-        self.gpu = gpu
-        self.sandbox = sandbox  # every job's child runs in it (labkit.grading.isolation)
-        self._timings: dict = {}
-        self._lock = threading.Lock()
-        self._locks: dict = {}
-        self.limits: dict = {}  # stage -> the students' time limit and the reference job's seconds it came from
-        self.turns = Turns()  # timed phases and reference jobs run while every other job is stopped
-        self.stuck: dict[str, str] = {}  # device -> the job whose processes never went (a kernel that never ended)
-        self.cache = cache  # reference jobs of earlier runs (labkit.grading.refcache); None: each runs here
-        self.reference_jobs: dict[str, dict] = {}  # "04" (or "04 gpu1") -> its seconds, phases, whether cached
-
-    def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
-        """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
-        (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``
-        times its wall time, at least ``limits.min_time_s``, at most the rubric's limit (``time_factor = 0``: the
-        rubric's limit as it is, and no reference job where op time is not measured). The timing is None where op
-        time is not measured."""
-        lim = plan.rubric["limits"]
-        if not plan.measured and not lim["time_factor"]:
-            return None, plan.time_limit
-        env = dict(env_extra or {})
-        key = (plan.stage.number, env.get("CUDA_VISIBLE_DEVICES"))
-        with self._lock:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            if key not in self._timings:
-                def measure() -> ReferenceTiming:
-                    return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
-
-                self._timings[key] = self.cache.reference(plan, self.refs, env, measure) if self.cache else measure()
-                where = key[0] + (f" gpu{key[1]}" if key[1] is not None else "")
-                self.reference_jobs[where] = {"seconds": round(self._timings[key].seconds, 1),
-                                              "phases_s": self._timings[key].phases_s,
-                                              **(self.cache.stages.get(where, {}) if self.cache else {})}
-        ref = self._timings[key]
-        limit = plan.time_limit
-        if lim["time_factor"] and not ref.error:
-            limit = min(plan.time_limit, max(float(lim["min_time_s"]), lim["time_factor"] * ref.seconds))
-        self.limits[plan.stage.number] = {"time_limit_s": round(limit), "reference_job_s": round(ref.seconds, 1)}
-        return (ref if plan.measured or ref.error else None), round(limit)
-
-
-def sandbox_refusal(iso: isolation.Isolation, private: dict, memory_mb: int = 0,
-                    env_extra: dict | None = None) -> str:
-    """Why no job could be graded in ``iso`` here, in one line ("" when they can), found before any job: the
-    sandbox cannot start (docker without its daemon), the grader's PYTHONPATH holds what a student must not read
-    (``private``: {what: path}), or a probe child in it imports other versions than the grader (``job.probe``)."""
-    why = iso.unusable()
-    if not why and iso.python_path():
-        why = isolation.python_path_refusal(private)
-    return why or probe(iso, memory_mb, env_extra) or ""
-
-
-def missing_row(student: str, plan: StagePlan, seed: int, where: str, searched: bool) -> dict:
-    row = scoring.empty_row(student, plan.stage, plan)
-    row.update(status="missing", seed=seed, message=f"missing stage: no {plan.stage.notebook} in {where}"
-               + (" (looked in notebooks/ and every folder below)" if searched else ""))
-    return row
-
-
-def grader_error_row(ctx: Context, task: dict, message: str, trace: str = "") -> dict:
-    plan = ctx.plans[task["stage"]]
-    row = scoring.empty_row(task["student"], plan.stage, plan)
-    row.update(status="grader-error", notebook=task["notebook"], seed=task["seed"], message=message,
-               details={"traceback": trace} if trace else {})
-    return row
-
-
-def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
-    """One (student, stage): a child under its limits, or the row saying why there was none."""
-    plan = ctx.plans[task["stage"]]
-    if task["notebook"] is None:
-        return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
-    job = Job(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
-    job.env_extra = dict(env_extra or {})
-    job.sandbox, job.turns = ctx.sandbox, ctx.turns
-    if job.device in ctx.stuck:
-        return grader_error_row(ctx, task, f"not graded: {job.device} is still held by the processes of "
-                                           f"{ctx.stuck[job.device]}, which never ended (a GPU kernel that never "
-                                           f"returns): regrade this row on a machine whose GPU is free")
-    try:
-        job.use_reference(*ctx.reference(plan, env_extra))
-        job.run()
-        row = job.row()
-        row["notebook"] = task["notebook"]
-        if job.outcome.survivors:  # nobody else gets this device while they are there
-            left = sandbox_linger(job.outcome.survivors)
-            if left:
-                ctx.stuck[job.device] = f"{task['student']}'s stage {task['stage']} job (pids {left[:5]})"
-    except Exception as exc:  # noqa: BLE001 - the grader's own failure for one job: record it, go on
-        row = grader_error_row(ctx, task, f"grader error: {type(exc).__name__}: {exc}",
-                               traceback.format_exc(limit=8))
-    if task.get("note"):
-        row["message"] += f" [{task['note']}]"
-    if env_extra and env_extra.get("CUDA_VISIBLE_DEVICES") is not None:
-        row["details"]["gpu"] = env_extra["CUDA_VISIBLE_DEVICES"]
-    return row
 
 
 def make_tasks(subs: list[Submission], stages: list[str], run_seed: int, root: Path) -> list[dict]:
@@ -297,8 +157,48 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     Returns ``{"meta": ..., "rows": [...]}``. Raises ``GradeError`` only for the grader's own problems (no sandbox
     here among them).
     """
-    from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
+    _check_resources(jobs, out, cache)
+    simulator_if_no_driver()
+    dinfo = device.info()
+    rub = load_rubric(rubric)
+    solutions = Path(solutions) if solutions else solutions_folder()
+    if not solutions.is_dir():
+        raise GradeError(f"no solutions folder at {solutions}")
+    submissions = Path(submissions)
+    chosen, subs, single = _submissions(submissions, stages, solutions, students)
+    cluster, gpu_list, per_gpu = _gpus(cluster, gpus, jobs)
+    private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
+               "the solutions": solutions.resolve()}
+    iso, ref_cache, no_cache = _sandbox(sandbox, unsandboxed, cache, cluster, gpus, private, rub, gpu_list)
+    numbers = [s.number for s in chosen]
+    ctx = Context(numbers, rub, solutions, dinfo.kind == "gpu", dinfo.simulated, iso, ref_cache)
+    if dinfo.kind == "cpu":
+        needs_gpu = [n for n, p in ctx.plans.items() if any(v.target == "gpu" for v in p.variants.values())]
+        if needs_gpu:
+            raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
+                             f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
+    run_seed = fresh_seed() if seed is None else int(seed)
+    tasks = make_tasks(subs, numbers, run_seed, submissions)
+    started = time.monotonic()
+    spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
+            "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
+            "gpus": gpu_list, "per_gpu": per_gpu} if cluster else None  # each cluster worker makes its context of it
+    rows, where, turns = _run_tasks(ctx, tasks, subs, numbers, jobs, cluster, spec, progress)
+    run = {"dinfo": dinfo, "rub": rub, "iso": iso, "numbers": numbers, "subs": subs, "run_seed": run_seed,
+           "where": where, "ctx": ctx, "solutions": solutions, "started": started, "single": single, "turns": turns,
+           "jobs": jobs, "gpu_list": gpu_list, "per_gpu": per_gpu, "ref_cache": ref_cache, "no_cache": no_cache}
+    report = {"meta": _meta(run, command, rows), "rows": rows}
+    out = Path(out)
+    if merge is None:
+        merge = bool(students) or bool(stages)
+    if merge and (out / "grades.json").is_file():
+        report = merge_reports(out / "grades.json", report)
+    write_reports(out, report, gradescope=gradescope)
+    return report
 
+
+def _check_resources(jobs: int, out, cache) -> None:
+    """``--jobs``, ``--out`` and ``--cache`` refused now, in one line, not after grading the class."""
     if jobs < 1:
         raise GradeError("--jobs must be at least 1")
     try:  # a folder the reports cannot go to is found now, not after grading the class
@@ -312,15 +212,10 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         raise GradeError(f"--jobs {jobs}: this machine has {cores} processor core{'s' * (cores > 1)}; more jobs than "
                          f"cores make every job slower and its time limit a matter of load: use --jobs {cores} or "
                          f"fewer (with --gpus, the jobs are spread over the GPUs)")
-    simulator_if_no_driver()
-    dinfo = device.info()
-    gpu, simulated = dinfo.kind == "gpu", dinfo.simulated
-    rub = load_rubric(rubric)
-    solutions = Path(solutions) if solutions else solutions_folder()
-    if not solutions.is_dir():
-        raise GradeError(f"no solutions folder at {solutions}")
-    submissions = Path(submissions)
-    explicit_stages = bool(stages)
+
+
+def _submissions(submissions: Path, stages, solutions: Path, students) -> tuple[list, list, bool]:
+    """The stages chosen, the submissions (only ``students``' where named), and whether this is one submission."""
     if submissions.is_file() and not stages:
         stages = list(find_submissions(submissions, list(STAGES.values()))[0].notebooks)
     chosen = select_stages(stages, solutions)
@@ -334,13 +229,17 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                              + (f" (there are {len(names)}: {', '.join(sorted(names)[:8])}"
                                 f"{', ...' if len(names) > 8 else ''})" if names else ""))
         subs = [s for s in subs if s.student in students]
+    return chosen, subs, single
+
+
+def _gpus(cluster: str | None, gpus: str | None, jobs: int) -> tuple[str | None, list[int] | None, int]:
+    """The cluster (``--gpus``: its dask-cuda form), the GPUs it uses and the jobs at a time on each, all refused
+    in one line before anything runs."""
     if cluster and gpus:
         raise GradeError("--gpus and --cluster do not go together: --gpus 0,1 is --cluster cuda:0,1 (a cluster's "
                          "workers each have their own GPU)")
     gpu_list, per_gpu = None, 1
     if cluster or gpus:
-        from . import cluster as dask_cluster
-
         flag = "--gpus" if gpus else "--cluster cuda"
         cluster = cluster or f"cuda:{gpus.strip()}"  # --gpus: one dask-cuda worker per GPU of this machine
         asked = dask_cluster.parse(cluster)  # a typo is refused before anything runs
@@ -348,9 +247,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
             gpu_list = parse_gpus(asked.gpus, available_gpus(), flag)
             per_gpu = jobs_per_gpu(jobs, gpu_list)
             dask_cluster.cuda_cluster_class(flag)  # no dask-cuda: one line, before any job
+    return cluster, gpu_list, per_gpu
+
+
+def _sandbox(sandbox: str, unsandboxed: bool, cache, cluster, gpus, private: dict, rub,
+             gpu_list) -> tuple[isolation.Isolation, refcache.ReferenceCache | None, str]:
+    """The sandbox every child runs in, the reference cache (or why none), each refused in one line before any
+    job; ``private`` gains the cache's folder."""
     iso = isolation.choose(sandbox, unsandboxed)  # refused in one line where there is no sandbox
-    private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
-               "the solutions": solutions.resolve()}
     ref_cache, no_cache = (None, f"{'--gpus' if gpus else '--cluster'}: each worker runs its stages' reference "
                                  f"jobs") if cluster else \
         refcache.choose(cache, unsandboxed, {k: private[k] for k in ("the submissions", "--out")})
@@ -361,16 +265,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                               {"CUDA_VISIBLE_DEVICES": str(gpu_list[0])} if gpu_list else None)
     if refused:
         raise GradeError(f"nothing was graded: {refused}")
-    numbers = [s.number for s in chosen]
-    ctx = Context(numbers, rub, solutions, gpu, simulated, iso, ref_cache)
-    plans = ctx.plans
-    if dinfo.kind == "cpu":
-        needs_gpu = [n for n, p in plans.items() if any(v.target == "gpu" for v in p.variants.values())]
-        if needs_gpu:
-            raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
-                             f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
-    run_seed = fresh_seed() if seed is None else int(seed)
-    tasks = make_tasks(subs, numbers, run_seed, submissions)
+    return iso, ref_cache, no_cache
+
+
+def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], jobs: int, cluster: str | None,
+               spec: dict | None, progress: bool) -> tuple[list[dict], str, dict]:
+    """The rows of every task (here, ``jobs`` at a time, or on the cluster), where they ran and the turns."""
+    from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
+
     bar = tqdm(total=len(subs), desc="grading", unit="submission", disable=not progress, file=sys.stderr)
     left = {s.student: len(numbers) for s in subs}
     lock = threading.Lock()
@@ -382,19 +284,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                 bar.update()
                 bar.set_postfix_str(task["student"][:20])
 
-    started = time.monotonic()
     if cluster:
-        from .cluster import run_on_cluster
-
-        spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
-                "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
-                "gpus": gpu_list, "per_gpu": per_gpu}
-        rows, where, by_worker = run_on_cluster(cluster, spec, tasks, on_row, lambda task: grade_task(ctx, task),
-                                                lambda task, why: grader_error_row(ctx, task, why))
+        rows, where, by_worker = dask_cluster.run_on_cluster(cluster, spec, tasks, on_row,
+                                                             lambda task: grade_task(ctx, task),
+                                                             lambda task, why: grader_error_row(ctx, task, why))
         turns = {**merged_turns(list(by_worker.values())), "by_worker": by_worker}  # each worker's own turns
     else:
         # on a GPU, the device's timed phases get a core the grader keeps free (labkit.grading.cores)
-        ctx.turns.cores = Cores(1) if gpu else None
+        ctx.turns.cores = Cores(1) if ctx.gpu else None
         if ctx.turns.cores is not None:
             ctx.turns.cores.start()
         try:
@@ -406,15 +303,22 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         turns = {**ctx.turns.summary(),
                  **({"cores": ctx.turns.cores.describe()} if ctx.turns.cores is not None else {})}
     bar.close()
-    meta = {
+    return rows, where, turns
+
+
+def _meta(run: dict, command: str | None, rows: list[dict]) -> dict:
+    """The report's ``meta``: what was graded, where, with what, and by which rules."""
+    dinfo, rub, ctx, gpu_list = run["dinfo"], run["rub"], run["ctx"], run["gpu_list"]
+    plans, gpu = ctx.plans, dinfo.kind == "gpu"
+    return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(["labkit", *sys.argv[1:]]),
-        "device": device.label(dinfo), "simulated": simulated, "gpu": gpu,
+        "device": device.label(dinfo), "simulated": dinfo.simulated, "gpu": gpu,
         "environment": environment.describe(dinfo),
-        "memory_guard": memory_guard_text(rub.base["limits"]["memory_mb"], gpu), "sandbox": iso.describe(),
-        "stages": numbers, "students": len(subs), "seed": run_seed, "graded_on": where,
-        "rubric": rub.to_dict(), "weights": ctx.refs.weight_sources, "solutions": str(solutions),
-        "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - started, 1),
+        "memory_guard": memory_guard_text(rub.base["limits"]["memory_mb"], gpu), "sandbox": run["iso"].describe(),
+        "stages": run["numbers"], "students": len(run["subs"]), "seed": run["run_seed"], "graded_on": run["where"],
+        "rubric": rub.to_dict(), "weights": ctx.refs.weight_sources, "solutions": str(run["solutions"]),
+        "python": environment.describe(dinfo)["python"], "seconds": round(time.monotonic() - run["started"], 1),
         "timed_variants": {n: label(n, p.timed) for n, p in plans.items()},
         "time_limits": {n: ctx.limits.get(n, {"time_limit_s": round(p.time_limit)}) for n, p in plans.items()},
         "skipped_variants": {n: p.skipped for n, p in plans.items() if p.skipped},
@@ -428,21 +332,14 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
                         "solution timed the same way in a job of its own; spread in each row's details",
         "accuracy": {n: ("scored" if p.accuracy_scored else "not scored (no labelled images)")
                      for n, p in plans.items()},
-        "single_submission": single,
-        "turns": {**turns, "rule": "each timed phase ran while every other job (of its worker, on a cluster) was "
-                  "stopped, and each reference job alone; time stopped or waiting never counted against a job's "
-                  "limit"},
-        "jobs": {"requested": jobs, "cores": os.cpu_count() or 1,
-                 **({"gpus": gpu_list, "per_gpu": per_gpu} if gpu_list else {})},
+        "single_submission": run["single"],
+        "turns": {**run["turns"], "rule": "each timed phase ran while every other job (of its worker, on a cluster) "
+                  "was stopped, and each reference job alone; time stopped or waiting never counted against a "
+                  "job's limit"},
+        "jobs": {"requested": run["jobs"], "cores": os.cpu_count() or 1,
+                 **({"gpus": gpu_list, "per_gpu": run["per_gpu"]} if gpu_list else {})},
         "reference_jobs": dict(sorted(ctx.reference_jobs.items())),
-        "reference_cache": ref_cache.report() if ref_cache is not None else refcache.not_used(no_cache),
+        "reference_cache": run["ref_cache"].report() if run["ref_cache"] is not None else
+        refcache.not_used(run["no_cache"]),
         "phases_s": phases.totals(rows),
     }
-    report = {"meta": meta, "rows": rows}
-    out = Path(out)
-    if merge is None:
-        merge = bool(students) or explicit_stages
-    if merge and (out / "grades.json").is_file():
-        report = merge_reports(out / "grades.json", report)
-    write_reports(out, report, gradescope=gradescope)
-    return report

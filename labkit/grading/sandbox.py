@@ -15,15 +15,15 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..nbcells import source_of
+from ..course.nbcells import source_of
 from . import isolation, protocol
+from .processes import descendants, kill_tree, proc_table, rss_mb  # noqa: F401 - sandbox.descendants, as before
 
 PACKAGE = Path(__file__).resolve().parent.parent  # labkit/
 WORKER = "labkit.grading.worker"
@@ -33,11 +33,18 @@ COPIED = (".py", ".toml", ".cfg")
 # ----------------------------------------------------------------------------------------- private copies
 
 
+def package_folders() -> list[Path]:
+    """labkit/ and every folder below it that is a package (holds an __init__.py), at any depth
+    (labkit/launch/cudacpu/), in a fixed order."""
+    return [PACKAGE, *sorted(p.parent for p in PACKAGE.rglob("__init__.py")
+                             if p.parent != PACKAGE and "__pycache__" not in p.parts)]
+
+
 def private_labkit(dest: Path) -> list[Path]:
-    """Copy labkit's sources (and its subpackages') into ``dest/labkit``; the child imports this copy
+    """Copy labkit's sources (and its subpackages', at any depth) into ``dest/labkit``; the child imports this copy
     (PYTHONPATH comes before the installed package), so nothing a child does to its labkit reaches the grader."""
     copied = []
-    for src_dir in (PACKAGE, *sorted(d for d in PACKAGE.iterdir() if (d / "__init__.py").is_file())):
+    for src_dir in package_folders():
         out = dest / "labkit" / src_dir.relative_to(PACKAGE)
         out.mkdir(parents=True)
         for f in sorted(src_dir.iterdir()):
@@ -128,72 +135,6 @@ def memory_guard_text(memory_mb: int, gpu: bool) -> str:
     return f"address-space limit (RLIMIT_AS) of {memory_mb} MB"
 
 
-# ------------------------------------------------------------------------------------------ process table
-
-
-def _proc_table() -> list[tuple[int, int, int]]:
-    """(pid, parent pid, process group) of every process, from /proc (empty where there is none)."""
-    rows = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                rows.append((int(entry), int(fields[1]), int(fields[2])))
-            except (OSError, ValueError, IndexError):
-                continue
-    return rows
-
-
-def descendants(pid: int, table=None) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for child, ppid, _ in table if table is not None else _proc_table():
-        parents.setdefault(ppid, []).append(child)
-    out, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def rss_mb(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as fh:
-                for line in fh:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            continue
-    return total / 1024
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the child, every process of its process group (a session of its own) and every descendant, even
-    one that left the group: named one by one, so nothing else on the machine is touched."""
-    table = _proc_table()
-    victims = {pid for pid, _, pgid in table if pgid == proc.pid} | set(descendants(proc.pid, table))
-    if proc.returncode is None:
-        victims.add(proc.pid)
-    if not table and proc.returncode is None:  # no /proc (macOS): the group, while its leader is surely ours
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 # ------------------------------------------------------------------------------------------------ running
 
 
@@ -250,22 +191,7 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
     rfd, wfd = os.pipe()
     inside_fd = sandbox.results_fd
     job = {**job, "fd": wfd if inside_fd is None else inside_fd}
-    argv = [sys.executable, "-m", WORKER]
-    out = open(folder / "stdout.txt", "wb")
-    err = open(folder / "stderr.txt", "wb")
-    try:
-        if sandbox.mode == "none":
-            view = isolation.View((), str(folder / "work"), env, memory_mb)
-        else:
-            view = job_view(job, folder, env, memory_mb, sandbox.python_path())
-        if inside_fd is None:  # the pipe is handed down
-            child = sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(wfd,))
-        else:  # the container's stdout carries the results
-            child = sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=wfd, stderr=err)
-    finally:
-        os.close(wfd)
-        out.close()
-        err.close()
+    child = _spawn(sandbox, job, folder, env, memory_mb, wfd)
     proc = child.proc
     if running is not None:
         running.child = child
@@ -280,61 +206,96 @@ def run_child(job: dict, folder: Path, env: dict, time_limit: float, memory_mb: 
             pass
 
     send(json.dumps(job))
+    try:
+        _read(proc, rfd, result, send, on_frame, time_limit, (memory_mb if rss_guard else 0), running)
+    finally:
+        survivors = _end(sandbox, child, rfd, result, folder, running, turns)
+    result.survivors = survivors
+    return result
+
+
+def _spawn(sandbox: isolation.Isolation, job: dict, folder: Path, env: dict, memory_mb: int, wfd: int):
+    """The worker started in ``sandbox`` (its stdout and stderr into ``folder``'s files; the results on ``wfd``,
+    which is closed here once the child holds it)."""
+    argv = [sys.executable, "-m", WORKER]
+    out = open(folder / "stdout.txt", "wb")
+    err = open(folder / "stderr.txt", "wb")
+    try:
+        if sandbox.mode == "none":
+            view = isolation.View((), str(folder / "work"), env, memory_mb)
+        else:
+            view = job_view(job, folder, env, memory_mb, sandbox.python_path())
+        if sandbox.results_fd is None:  # the pipe is handed down
+            return sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(wfd,))
+        return sandbox.spawn(argv, view, stdin=subprocess.PIPE, stdout=wfd, stderr=err)  # results on its stdout
+    finally:
+        os.close(wfd)
+        out.close()
+        err.close()
+
+
+def _read(proc, rfd: int, result: ChildExit, send, on_frame: OnFrame, time_limit: float, rss_limit_mb: int,
+          running) -> None:
+    """Frames from ``rfd`` to ``on_frame`` until the results are complete, the child exits, the limit passes
+    (moved by the time it spent stopped), or its resident memory goes above ``rss_limit_mb`` (0: not watched)."""
     started = time.monotonic()
     buf = bytearray()
     reading, complete = True, False
     next_rss = 0.0
+    while True:
+        now = time.monotonic()
+        deadline = started + time_limit + (running.paused_s() if running is not None else 0.0)
+        if now >= deadline:
+            result.timed_out = True
+            return
+        if not reading:
+            try:
+                proc.wait(timeout=min(0.5, deadline - now))
+                return
+            except subprocess.TimeoutExpired:
+                if complete:  # nothing more to hear: a thread the student left running keeps it alive
+                    return
+                continue
+        ready, _, _ = select.select([rfd], [], [], min(0.5, deadline - now))
+        if ready:
+            chunk = os.read(rfd, 1 << 20)
+            if not chunk:
+                reading = False
+                continue
+            buf += chunk
+            frames, bad = protocol.parse(buf)
+            for kind, meta, payload in frames:
+                if on_frame(kind, meta, payload, lambda answer: send(answer.value)):
+                    reading, complete = False, True
+            if bad:
+                result.protocol_error = bad
+                return
+        if rss_limit_mb > 0 and now >= next_rss:
+            next_rss = now + 1.0
+            if rss_mb([proc.pid, *descendants(proc.pid)]) > rss_limit_mb:
+                result.memory_exceeded = True
+                return
+
+
+def _end(sandbox: isolation.Isolation, child, rfd: int, result: ChildExit, folder: Path, running, turns) -> list:
+    """Every process of the job ended (those still there ``LINGER_S`` after: returned), its turn given back, its
+    exit status and the tail of its stderr into ``result``."""
+    proc = child.proc
+    os.close(rfd)
+    if running is not None and running.frozen:
+        running.thaw()  # a stopped process takes no SIGKILL until it runs again
+    survivors = sandbox.stop(child)
+    if survivors:  # a process inside a GPU kernel that never returns goes only once the driver lets it
+        survivors = _linger(survivors, LINGER_S)
+    if turns is not None and running is not None:
+        turns.ended(running)
     try:
-        while True:
-            now = time.monotonic()
-            deadline = started + time_limit + (running.paused_s() if running is not None else 0.0)
-            if now >= deadline:
-                result.timed_out = True
-                break
-            if not reading:
-                try:
-                    proc.wait(timeout=min(0.5, deadline - now))
-                    break
-                except subprocess.TimeoutExpired:
-                    if complete:  # nothing more to hear: a thread the student left running keeps it alive
-                        break
-                    continue
-            ready, _, _ = select.select([rfd], [], [], min(0.5, deadline - now))
-            if ready:
-                chunk = os.read(rfd, 1 << 20)
-                if not chunk:
-                    reading = False
-                    continue
-                buf += chunk
-                frames, bad = protocol.parse(buf)
-                for kind, meta, payload in frames:
-                    if on_frame(kind, meta, payload, lambda answer: send(answer.value)):
-                        reading, complete = False, True
-                if bad:
-                    result.protocol_error = bad
-                    break
-            if rss_guard and memory_mb > 0 and now >= next_rss:
-                next_rss = now + 1.0
-                if rss_mb([proc.pid, *descendants(proc.pid)]) > memory_mb:
-                    result.memory_exceeded = True
-                    break
-    finally:
-        os.close(rfd)
-        if running is not None and running.frozen:
-            running.thaw()  # a stopped process takes no SIGKILL until it runs again
-        survivors = sandbox.stop(child)
-        if survivors:  # a process inside a GPU kernel that never returns goes only once the driver lets it
-            survivors = _linger(survivors, LINGER_S)
-        if turns is not None and running is not None:
-            turns.ended(running)
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        result.returncode = sandbox.exit_status(proc.returncode)
-        try:
-            result.stderr_tail = (folder / "stderr.txt").read_text(errors="replace")[-4000:]
-        except OSError:
-            pass
-    result.survivors = survivors
-    return result
+        proc.stdin.close()
+    except OSError:
+        pass
+    result.returncode = sandbox.exit_status(proc.returncode)
+    try:
+        result.stderr_tail = (folder / "stderr.txt").read_text(errors="replace")[-4000:]
+    except OSError:
+        pass
+    return survivors

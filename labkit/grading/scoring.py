@@ -9,14 +9,14 @@ what the student's code got wrong).
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 from pathlib import Path
-import math
 from statistics import median
 
 import numpy as np
 
-from ..stages import Stage, label
+from ..course.stages import Stage, label
 from .phases import rounded
 from .plan import StagePlan
 from .rubric import op_time_fraction
@@ -188,8 +188,6 @@ def _ended_early(o: JobOutcome, plan: StagePlan) -> tuple[str, str] | None:
 
 def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome) -> dict:
     """The report's row for one graded (student, stage)."""
-    r = plan.rubric
-    pts, op = r["points"], r["op_time"]
     out = empty_row(student, plan.stage, plan)
     out.update(notebook=str(notebook), seed=seed, seconds=round(o.seconds, 2), device=o.device)
     details = out["details"]
@@ -206,9 +204,24 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
     out["error"] = max(errors) if errors and all(np.isfinite(e) for e in errors) else None
     correct = checks_passed(o) and not o.load_error and not o.grader_error and o.checks_done
     acc_ok = correct and accuracy_passed(o)
-    scored = plan.accuracy_scored
+    main = _accuracy(out, o, plan)
+    images = o.timed_images or plan.rubric["timing"]["images"]
+    ratio, bad_pass = _op_time(out, o, plan, images)
+    verdict = _status(out, o, plan, correct, acc_ok, bad_pass, images)
+    cheated = _points(out, o, plan, verdict, correct, acc_ok, ratio)
+    out["passed"] = bool(correct and acc_ok and not cheated and bad_pass is None and not verdict["task_failures"]
+                         and verdict["early"] is None)
+    if not out["status"]:
+        out["status"] = "pass" if out["passed"] else "fail"
+    msg = _pass_words(o, plan, main, ratio, details) if out["status"] == "pass" else verdict["msg"]
+    if out["status"] != "pass" and o.timing_error:
+        msg.append(f"op time: {o.timing_error}")
+    out["message"] = "; ".join(m for m in [*msg, *o.notes] if m)
+    return out
 
-    # accuracy figures of the timed variant's first net (or the first accuracy run)
+
+def _accuracy(out: dict, o: JobOutcome, plan: StagePlan) -> dict | None:
+    """The accuracy figures of the timed variant's first net (or the first accuracy run) into ``out``; that run."""
     main = o.accuracy.get(f"{plan.timed}/{plan.variants[plan.timed].nets[0]}") or next(
         iter(o.accuracy.values()), None)
     if main is not None:
@@ -219,9 +232,13 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
             out["accuracy"] = "n/a (synthetic inputs)"
         else:
             out["accuracy"] = main["accuracy"]
+    return main
 
-    ratio = None
-    images = o.timed_images or plan.rubric["timing"]["images"]
+
+def _op_time(out: dict, o: JobOutcome, plan: StagePlan, images: int) -> tuple[float | None, tuple | None]:
+    """Op time against the reference's into ``out``: the ratio that scores it (None: not scored) and the first
+    timed pass that predicted differently from the reference, if one did."""
+    details, ratio = out["details"], None
     bad_pass = timing_mismatch(o, images) if o.timing_runs else None
     if o.timing_runs and o.reference_runs:
         # the whole pass: every layer, whatever it left running, until the last result is on the device
@@ -243,9 +260,13 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
         out["op_time_s"] = f"not measured ({plan.not_measured_why})"
     if bad_pass is not None:
         ratio = None  # the times of passes that computed something else are no op time
+    return ratio, bad_pass
 
-    # status and message, most fundamental problem first
-    msg: list[str] = []
+
+def _status(out: dict, o: JobOutcome, plan: StagePlan, correct: bool, acc_ok: bool, bad_pass, images: int) -> dict:
+    """Status and message, the most fundamental problem first, into ``out``; returns the message's parts, the
+    tasks' points and failures, the library calls found and how the job ended early (None: it did not)."""
+    details, msg = out["details"], []
     forbidden = list(dict.fromkeys(o.forbidden))
     if forbidden:
         details["forbidden"] = forbidden
@@ -295,11 +316,18 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
             what.append(f"the grader's files on disk ({', '.join(o.tampered)})")
         out["status"] = "tampered"
         msg.insert(0, f"the submission changed {' and '.join(what)}: stage scored 0")
+    return {"msg": msg, "task_points": task_points, "task_failures": task_failures, "forbidden": forbidden,
+            "early": early}
 
-    # score: correctness gates everything; accuracy counts only where labels exist
+
+def _points(out: dict, o: JobOutcome, plan: StagePlan, verdict: dict, correct: bool, acc_ok: bool,
+            ratio: float | None) -> bool:
+    """The points into ``out``: correctness gates everything; accuracy counts only where labels exist. Returns
+    whether the submission cheated (a patch, a library call: nothing scores)."""
+    pts, op, details = plan.rubric["points"], plan.rubric["op_time"], out["details"]
     op_points = 0.0
     c_points = float(pts["correctness"]) if correct else 0.0
-    a_points = float(pts["accuracy"]) if acc_ok and scored else 0.0
+    a_points = float(pts["accuracy"]) if acc_ok and plan.accuracy_scored else 0.0
     op_allowed = correct and (acc_ok or not op["requires_accuracy"])
     if op_allowed and plan.measured and ratio is not None:
         op_points = pts["op_time"] * op_time_fraction(ratio, op["full_at_ratio"], op["zero_at_ratio"])
@@ -315,35 +343,33 @@ def row(plan: StagePlan, student: str, notebook: Path, seed: int, o: JobOutcome)
             t_points = float(pts["technique"])
         elif correct:
             o.notes.append(f"no technique points: {t.get('line') or 'the technique was not checked'}")
-    task_points = task_points if correct else 0.0
-    cheated = bool(o.tampered or o.tampered_code or forbidden)
-    unsettled = early is not None and any(p != "technique" for p in not_run(o))
+    task_points = verdict["task_points"] if correct else 0.0
+    cheated = bool(o.tampered or o.tampered_code or verdict["forbidden"])
+    unsettled = verdict["early"] is not None and any(p != "technique" for p in not_run(o))
     if cheated or unsettled:  # a phase that did not run could still have found a library call or a patch
         c_points = a_points = op_points = t_points = task_points = 0.0
-    elif early is not None:
+    elif verdict["early"] is not None:
         t_points = 0.0
     out.update(correctness_points=c_points, accuracy_points=a_points, op_time_points=round(op_points, 2),
                technique_points=t_points, task_points=task_points,
                score=round(c_points + a_points + op_points + t_points + task_points, 2))
-    out["passed"] = bool(correct and acc_ok and not cheated and bad_pass is None and not task_failures
-                         and early is None)
-    if not out["status"]:
-        out["status"] = "pass" if out["passed"] else "fail"
-    if out["status"] == "pass":
-        msg = ["all checks pass", _accuracy_words(main, scored)]
-        if details.get("tasks"):
-            msg.append(f"task{'s' * (len(details['tasks']) > 1)} {', '.join(details['tasks'])} pass")
-        if ratio is not None:
-            msg.append(f"op time {ratio:.2f}x the reference's")
-        elif o.timing_error:
-            msg.append(f"op time not scored: {o.timing_error}")
-        elif not plan.measured:
-            policy = {"exclude": "not counted", "full": "given in full", "zero": "not given"}[op["when_not_measured"]]
-            msg.append(f"op time not measured ({plan.not_measured_why}): op-time points {policy}")
+    return cheated
+
+
+def _pass_words(o: JobOutcome, plan: StagePlan, main: dict | None, ratio: float | None, details: dict) -> list[str]:
+    """The message of a row that passed."""
+    msg = ["all checks pass", _accuracy_words(main, plan.accuracy_scored)]
+    if details.get("tasks"):
+        msg.append(f"task{'s' * (len(details['tasks']) > 1)} {', '.join(details['tasks'])} pass")
+    if ratio is not None:
+        msg.append(f"op time {ratio:.2f}x the reference's")
     elif o.timing_error:
-        msg.append(f"op time: {o.timing_error}")
-    out["message"] = "; ".join(m for m in [*msg, *o.notes] if m)
-    return out
+        msg.append(f"op time not scored: {o.timing_error}")
+    elif not plan.measured:
+        policy = {"exclude": "not counted", "full": "given in full",
+                  "zero": "not given"}[plan.rubric["op_time"]["when_not_measured"]]
+        msg.append(f"op time not measured ({plan.not_measured_why}): op-time points {policy}")
+    return msg
 
 
 def _tasks(o: JobOutcome, plan: StagePlan, details: dict) -> tuple[float, list[str]]:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import types
 
+from ..about import old_name
+
 #: names that change without anyone patching anything: warnings' registry of a module
 IGNORED = frozenset({"__warningregistry__"})
 
 
 def _label(obj, name: str) -> str:
     if isinstance(obj, types.ModuleType):
-        return f"the grade worker's {name}" if obj.__name__ == "__main__" else f"{obj.__name__}.{name}"
-    return f"{obj.__module__}.{obj.__qualname__}.{name}"
+        return f"the grade worker's {name}" if obj.__name__ == "__main__" else f"{old_name(obj.__name__)}.{name}"
+    return f"{old_name(str(obj.__module__))}.{obj.__qualname__}.{name}"
 
 
 class Snapshot:

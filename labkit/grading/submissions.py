@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .. import nbcells
-from ..stages import STAGES, Stage
+from ..course import nbcells
+from ..course.stages import STAGES, Stage
 from .rubric import GradeError
 
 

@@ -50,7 +50,10 @@ _threads = threading.enumerate
 
 import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
 
-from .. import counts, device, engine, freed, gpu, nbcells, simcheck, simulator, stages, tune  # noqa: E402,F401
+from ..core import counts, engine, whole  # noqa: E402
+from ..course import nbcells, stages  # noqa: E402,F401
+from ..launch import device, freed, gpu, simcheck, simulator, streams  # noqa: E402,F401
+from ..ladder import tune  # noqa: E402,F401
 # (counts and tune imported now, before the snapshot: a class of a module first imported by a student's cell would
 # be outside it, and its patch unseen)
 
@@ -60,15 +63,16 @@ from numba import cuda as _cuda  # noqa: E402
 _cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
 _cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
 
-from ..check import check_technique, origin, weighted  # noqa: E402
-from ..layers import impl_for, kernel_layers  # noqa: E402
-from ..nets import Layer, Net, get_net  # noqa: E402
-from ..stages import STAGES, Variant  # noqa: E402
-
-STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
+from ..core.check import check_technique, origin, weighted  # noqa: E402
+from ..core.workloads import Workload  # noqa: E402
+from ..course.stages import STAGES, Variant  # noqa: E402
+from ..model.layers import impl_for, kernel_layers  # noqa: E402
+from ..model.nets import Layer, Net, get_net  # noqa: E402
 from . import environment, ownership  # noqa: E402
 from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
+
+STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
 
 
 def quiet_samples(n: int = 8, burst: int = 32) -> dict:
@@ -186,8 +190,9 @@ def _namespaces(hooked: list) -> list[tuple[object, bool]]:
     """labkit's modules, this worker, numpy, time, every class a labkit module defines (the tracer, the technique
     counter, the checks' results: a patched class attribute reaches every instance), and the kernel classes the
     launch hook sits on."""
-    mods = [(m, not hasattr(m, "__path__")) for n, m in sorted(sys.modules.items())
-            if isinstance(m, types.ModuleType) and (n == "labkit" or n.startswith("labkit.") or n == "__main__")]
+    found = {id(m): m for n, m in sorted(sys.modules.items())  # once each: a moved module has its old name too
+             if isinstance(m, types.ModuleType) and (n == "labkit" or n.startswith("labkit.") or n == "__main__")}
+    mods = [(m, not hasattr(m, "__path__")) for m in found.values()]
     classes = {id(v): v for m, _ in mods for v in list(vars(m).values())
                if isinstance(v, type) and getattr(v, "__module__", None) in (m.__name__, "__main__")}
     return [*mods, (np, False), (time, False), *((c, True) for c in classes.values()),
@@ -235,7 +240,7 @@ class _OutOfResources(Exception):
 
 
 #: where the simulator starts its threads (a block's threads are started there, not by the student's code)
-_MACHINERY = ("numba/cuda/simulator/", "labkit/simulator.py")
+_MACHINERY = ("numba/cuda/simulator/", "labkit/launch/simulator.py")
 
 
 def _machinery_ran_out(exc: BaseException) -> bool:
@@ -393,9 +398,6 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
     graph: ``fn(variant, wl, lane)`` makes a call (a fresh one, or the task's last one replayed again), whose
     probabilities on the host come back; pipeline: ``fn`` classifies the bytes over lanes (``labkit.whole``), and
     the classes come back as it left them when it returned."""
-    from .. import streams, whole
-    from ..workloads import Workload
-
     net, w, variant = ctx.nets[spec.net], ctx.weights(spec.weights), _given(spec.variant)
     if spec.check == "graph":
         if spec.fresh_call or spec.task not in made:
@@ -413,15 +415,16 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
 PHASE_WORDS = {"load": "loading the notebook's kernel cells", "checks": "the checks", "tasks": "the tasks",
                "accuracy": "the accuracy runs", "timing": "timing", "technique": "the technique check"}
 
-#: the quiet device's probe (``Job.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
+#: the quiet device's probe (``GradingChild.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
 QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.10, 10.0
 
 
 # ------------------------------------------------------------------------------------------------- the job
 
 
-class Job:
-    """What every phase of a child's job reads: the job, its inputs, the channel, the snapshot, the tracer."""
+class GradingChild:
+    """One graded job, the child's side (the parent's is ``job.GradingJob``): what every phase reads, the job, its
+    inputs, the channel, the snapshot, the tracer."""
 
     def __init__(self, job: P.JobSpec, chan: _Channel, answers, info, snap: Snapshot, tracer_ref: list,
                  given_log: list):
@@ -565,7 +568,7 @@ class Job:
 class StudentPhases:
     """The student's part of a job, one method per phase; each returns whether the next one runs."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: GradingChild):
         self.ctx = job
         self.ns: dict = {}
         self.student: dict[str, Variant] = {}  # graded variant -> the student's functions, as the stage declares
@@ -835,7 +838,7 @@ def hello(info) -> P.Hello:
     """The first frame: this child's device, where it imported labkit from and the versions it imports."""
     versions, origins = environment.imported()
     return P.Hello(device=device.label(info), kind=info.kind, simulated=info.simulated, pid=os.getpid(),
-                   labkit=os.path.dirname(os.path.abspath(engine.__file__)), versions=versions, origins=origins)
+                   labkit=os.path.dirname(os.path.abspath(_labkit.__file__)), versions=versions, origins=origins)
 
 
 def _last_launch_note():
@@ -878,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         hooked = [cls for cls, _, _ in ownership.install_launch_hook(tracer_ref, _last_launch_note())]
         given_log: list[str] = []
         _guard_from_stage(job.stage, given_log)
-        Job(job, chan, answers, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log).run()
+        GradingChild(job, chan, answers, info, Snapshot(_namespaces(hooked)), tracer_ref, given_log).run()
         chan.send(P.Done())
     except BaseException as exc:  # noqa: BLE001 - the grader must hear about its worker's own failures
         try:

@@ -1,0 +1,170 @@
+"""What every job of a run needs, made once per process (the parent, or a cluster worker): the simulator where there
+is no driver, the seeds, the run's ``Context`` (the stage plans, the reference data, the reference jobs and the
+students' time limits, the turns), and ``grade_task``, one (student, stage) graded in it. ``labkit.grading.run``
+hands tasks to it here or through ``labkit.grading.cluster`` on Dask workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from ..course.stages import STAGES
+from ..launch import device
+from . import isolation, refcache, scoring
+from .job import GradingJob, ReferenceTiming, probe, reference_job
+from .plan import References, StagePlan, plan_stage
+from .rubric import Rubric
+from .sandbox import linger_long as sandbox_linger
+from .turns import Turns
+
+
+def simulator_if_no_driver() -> str:
+    """Make sure GPU code can be graded where there is no CUDA driver: on the CUDA simulator (docs/grading.md).
+
+    ``import labkit`` switches it on before numba is imported (``labkit.runtime``); this does it for a process
+    where that did not happen yet. "ready": a driver is here, the simulator is on, or NUMBA_ENABLE_CUDASIM=0 was
+    set by hand; "switched": turned on now; "too-late": no driver, and numba.cuda was imported without the
+    simulator (its mode is fixed then), so only a fresh process can have it."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() == "0" or device._driver_version() is not None:
+        return "ready"
+    if "numba.cuda" in sys.modules:
+        return "ready" if device.info().simulated else "too-late"
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    device.honour_simulator_env()  # numba's core may be imported already: make it read the variable again
+    device.info(refresh=True)
+    return "switched"
+
+
+# ---------------------------------------------------------------------------------------------- seeds
+
+
+def fresh_seed() -> int:
+    """A run seed from the operating system's entropy: nothing a student sees (names, dates, files) gives it."""
+    return int(np.random.SeedSequence().entropy % (2 ** 63))
+
+
+def job_seed(run_seed: int, student: str, stage: str) -> int:
+    """The seed of one (student, stage)'s inputs: a function of the secret run seed and the names, so a job gets
+    the same inputs whatever machine, shard or order grades it, and nobody without the run seed can tell them."""
+    key = int.from_bytes(hashlib.sha256(f"{student}\0{stage}".encode()).digest()[:8], "little")
+    return int(np.random.SeedSequence(int(run_seed), spawn_key=(key,)).generate_state(1, dtype=np.uint32)[0])
+
+
+# ------------------------------------------------------------------------------------ what every job needs
+
+
+class Context:
+    """The plans and the reference data of one run, made once per process (the parent, or a cluster worker)."""
+
+    def __init__(self, stages: list[str], rubric: Rubric, solutions: Path, gpu: bool, simulated: bool,
+                 sandbox: isolation.Isolation | None = None, cache: refcache.ReferenceCache | None = None):
+        chosen = [STAGES[s] for s in stages]
+        self.plans: dict[str, StagePlan] = {s.number: plan_stage(s, solutions, rubric, gpu, simulated)
+                                            for s in chosen}
+        self.refs = References()
+        for plan in self.plans.values():  # the reference data every job shares, prepared before any child starts
+            self.refs.prepare(plan)
+        self.gpu = gpu
+        self.sandbox = sandbox  # every job's child runs in it (labkit.grading.isolation)
+        self._timings: dict = {}
+        self._lock = threading.Lock()
+        self._locks: dict = {}
+        self.limits: dict = {}  # stage -> the students' time limit and the reference job's seconds it came from
+        self.turns = Turns()  # timed phases and reference jobs run while every other job is stopped
+        self.stuck: dict[str, str] = {}  # device -> the job whose processes never went (a kernel that never ended)
+        self.cache = cache  # reference jobs of earlier runs (labkit.grading.refcache); None: each runs here
+        self.reference_jobs: dict[str, dict] = {}  # "04" (or "04 gpu1") -> its seconds, phases, whether cached
+
+    def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
+        """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
+        (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``
+        times its wall time, at least ``limits.min_time_s``, at most the rubric's limit (``time_factor = 0``: the
+        rubric's limit as it is, and no reference job where op time is not measured). The timing is None where op
+        time is not measured."""
+        lim = plan.rubric["limits"]
+        if not plan.measured and not lim["time_factor"]:
+            return None, plan.time_limit
+        env = dict(env_extra or {})
+        key = (plan.stage.number, env.get("CUDA_VISIBLE_DEVICES"))
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._timings:
+                def measure() -> ReferenceTiming:
+                    return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
+
+                self._timings[key] = self.cache.reference(plan, self.refs, env, measure) if self.cache else measure()
+                where = key[0] + (f" gpu{key[1]}" if key[1] is not None else "")
+                self.reference_jobs[where] = {"seconds": round(self._timings[key].seconds, 1),
+                                              "phases_s": self._timings[key].phases_s,
+                                              **(self.cache.stages.get(where, {}) if self.cache else {})}
+        ref = self._timings[key]
+        limit = plan.time_limit
+        if lim["time_factor"] and not ref.error:
+            limit = min(plan.time_limit, max(float(lim["min_time_s"]), lim["time_factor"] * ref.seconds))
+        self.limits[plan.stage.number] = {"time_limit_s": round(limit), "reference_job_s": round(ref.seconds, 1)}
+        return (ref if plan.measured or ref.error else None), round(limit)
+
+
+def sandbox_refusal(iso: isolation.Isolation, private: dict, memory_mb: int = 0,
+                    env_extra: dict | None = None) -> str:
+    """Why no job could be graded in ``iso`` here, in one line ("" when they can), found before any job: the
+    sandbox cannot start (docker without its daemon), the grader's PYTHONPATH holds what a student must not read
+    (``private``: {what: path}), or a probe child in it imports other versions than the grader (``job.probe``)."""
+    why = iso.unusable()
+    if not why and iso.python_path():
+        why = isolation.python_path_refusal(private)
+    return why or probe(iso, memory_mb, env_extra) or ""
+
+
+def missing_row(student: str, plan: StagePlan, seed: int, where: str, searched: bool) -> dict:
+    row = scoring.empty_row(student, plan.stage, plan)
+    row.update(status="missing", seed=seed, message=f"missing stage: no {plan.stage.notebook} in {where}"
+               + (" (looked in notebooks/ and every folder below)" if searched else ""))
+    return row
+
+
+def grader_error_row(ctx: Context, task: dict, message: str, trace: str = "") -> dict:
+    plan = ctx.plans[task["stage"]]
+    row = scoring.empty_row(task["student"], plan.stage, plan)
+    row.update(status="grader-error", notebook=task["notebook"], seed=task["seed"], message=message,
+               details={"traceback": trace} if trace else {})
+    return row
+
+
+def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
+    """One (student, stage): a child under its limits, or the row saying why there was none."""
+    plan = ctx.plans[task["stage"]]
+    if task["notebook"] is None:
+        return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
+    job = GradingJob(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
+    job.env_extra = dict(env_extra or {})
+    job.sandbox, job.turns = ctx.sandbox, ctx.turns
+    if job.device in ctx.stuck:
+        return grader_error_row(ctx, task, f"not graded: {job.device} is still held by the processes of "
+                                           f"{ctx.stuck[job.device]}, which never ended (a GPU kernel that never "
+                                           f"returns): regrade this row on a machine whose GPU is free")
+    try:
+        job.use_reference(*ctx.reference(plan, env_extra))
+        job.run()
+        row = job.row()
+        row["notebook"] = task["notebook"]
+        if job.outcome.survivors:  # nobody else gets this device while they are there
+            left = sandbox_linger(job.outcome.survivors)
+            if left:
+                ctx.stuck[job.device] = f"{task['student']}'s stage {task['stage']} job (pids {left[:5]})"
+    except Exception as exc:  # noqa: BLE001 - the grader's own failure for one job: record it, go on
+        row = grader_error_row(ctx, task, f"grader error: {type(exc).__name__}: {exc}",
+                               traceback.format_exc(limit=8))
+    if task.get("note"):
+        row["message"] += f" [{task['note']}]"
+    if env_extra and env_extra.get("CUDA_VISIBLE_DEVICES") is not None:
+        row["details"]["gpu"] = env_extra["CUDA_VISIBLE_DEVICES"]
+    return row
