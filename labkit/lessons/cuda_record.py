@@ -220,7 +220,7 @@ def recording(watch, shapes: dict | None = None):
                                                  if not isinstance(array, np.ndarray) else array)
 
     def launch(kernel, grid, block, args, shared_bytes=0):
-        if type(kernel).__module__.startswith("labkit.cudacpu") and _state["watch"] is not None:
+        if type(kernel).__module__.startswith("labkit.launch.cudacpu") and _state["watch"] is not None:
             return gpu._recorded("kernel", getattr(kernel, "name", "raw_kernel"), 0,
                                  lambda: _launch(kernel, grid, block, tuple(args)),
                                  blocks=int(np.prod(_three(grid))), threads=int(np.prod(_three(grid)) *

@@ -32,7 +32,7 @@ from ..core.counts import _notebook_for
 from ..course import nbcells, tasks
 from ..launch import simulator
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
