@@ -297,7 +297,8 @@ SLIPS = {
 def test_a_slip_in_a_task_draws_differently_from_the_spec(kind, capsys):
     """lk.show.task on the solution with one slip: the figure says where yours and the spec's part (and the right
     solution draws none of that)."""
-    from labkit import scenes, tasks
+    from labkit.course import tasks
+    from labkit.lessons import scenes
 
     stage, task, right, wrong, says = SLIPS[kind]
     ns = slipped(stage, right, wrong)
@@ -325,7 +326,7 @@ def test_the_pad_slip_leaves_the_border_thread_without_a_store():
 
 @simulated
 def test_cpu_threads_show_which_thread_writes_what():
-    from labkit import cpu_threads, scenes
+    from labkit.lessons import cpu_threads, scenes
 
     scene = scenes.BY_NAME["02_task1"]
     right = dict(scenes.record(scene, lk.from_stage("02")))
@@ -349,7 +350,7 @@ def test_cpu_threads_show_which_thread_writes_what():
 
 @simulated
 def test_timelines_show_what_the_code_queues():
-    from labkit import scenes
+    from labkit.lessons import scenes
 
     managed = scenes.record(scenes.BY_NAME["03_task1"], lk.from_stage("03"))[0][1]
     kinds = [e.kind for e in managed.events]
@@ -393,7 +394,8 @@ def test_every_gpu_task_ends_with_its_picture_before_the_check():
     ``lk.show.task`` cell after the task's code and before the self-check, in the solution and the student copy."""
     import nbformat
 
-    from labkit import scenes, tasks
+    from labkit.course import tasks
+    from labkit.lessons import scenes
 
     for stage in [f"{n:02d}" for n in range(2, 11)]:
         for path in (REPO / "solutions" / lk.STAGES[stage].notebook, REPO / "notebooks" / lk.STAGES[stage].notebook):
@@ -413,7 +415,7 @@ def test_every_gpu_task_ends_with_its_picture_before_the_check():
 
 def test_a_stub_gives_one_line(capsys):
     """The student copies: every task cell prints one line, and nothing is drawn."""
-    from labkit import scenes
+    from labkit.lessons import scenes
 
     shown = 0
     for stage in ("03", "04", "09", "10"):
