@@ -50,15 +50,15 @@ DOCS_FIGURES = {"05_task1": "show-05-tile-halo.png", "06_task1": "show-06-unifor
 def record(scene: Scene):
     """The scene's recording(s) on the kit's solution: [(label, Recording | Launch | Timeline)]."""
     import labkit as lk
-    from labkit import scenes
+    from labkit.lessons import scenes
 
     return scenes.record(scene, lk.from_stage(scene.stage))
 
 
 def draw_scene(scene: Scene, recordings):
     """The figure of the spec alone, as the task's spec cell shows it."""
-    from labkit import cpu_threads, draw, scenes
-    from labkit import timeline as tl
+    from labkit.lessons import cpu_threads, draw, scenes
+    from labkit.lessons import timeline as tl
 
     title = _wrap(f"{scene.stage} task {scene.task}: {scene.caption}", 118)
     if scene.kind == "timeline":
