@@ -31,6 +31,7 @@ from . import draw
 from ..core.counts import _notebook_for
 from ..course import nbcells, tasks
 from ..launch import simulator
+from ..launch.gpu import STUB_MARK
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -235,7 +236,9 @@ def record_any(scene: Scene, namespace: dict, stage: str) -> list[tuple[str, obj
 
     if simulator.active() or scene.kind in ("timeline", "cpu"):  # a timeline records on a GPU too; cpu: Python
         return record(scene, namespace)
-
+    stub = _stub_in(namespace, (scene.kernel, tasks.find(stage, scene.task_name).function))
+    if stub:  # the child would record the notebook as saved, or the kit's solution: never the solution as "yours"
+        raise NotImplementedError(f"{stub}: {STUB_MARK}")
     job = {"notebook": str(_notebook_for(stage)), "scene": scene.name}
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run([sys.executable, "-m", "labkit.lessons.scenes"], input=json.dumps(job), capture_output=True,
@@ -250,6 +253,21 @@ def record_any(scene: Scene, namespace: dict, stage: str) -> list[tuple[str, obj
     if "missing" in got:
         raise NameError(got["missing"])
     return [(label, _from_json(scene, d)) for label, d in got["items"]]
+
+
+def _stub_in(namespace: dict, names) -> str | None:
+    """The first of ``names`` whose function in ``namespace`` still raises the TODO stub's error (its code, or a
+    function nested in it, holds ``STUB_MARK``)."""
+    def holds(code) -> bool:
+        return any(STUB_MARK in c if isinstance(c, str) else holds(c) if hasattr(c, "co_consts") else False
+                   for c in code.co_consts)
+
+    for name in filter(None, names):
+        fn = namespace.get(name)
+        code = getattr(getattr(fn, "py_func", fn), "__code__", None)
+        if code is not None and holds(code):
+            return name
+    return None
 
 
 def _to_json(scene: Scene, item) -> dict:

@@ -119,7 +119,6 @@ def _task_figure(scene, found, namespace: dict):
     """One scene of a task on the notebook's code, above the spec's; None (and one line) when nothing to draw."""
     import textwrap
 
-
     head = f"{scene.stage} task {scene.task} ({found.title})"
     try:
         yours = scenes.record_any(scene, namespace, scene.stage)
@@ -138,12 +137,10 @@ def _task_figure(scene, found, namespace: dict):
     title = "\n".join(textwrap.wrap(f"{head}, yours and the spec: {scene.caption}", 118))
     missing = "" if spec is not None else f"(the spec's recording, figures/{scene.name}.json, is not here: yours alone)"
     if scene.kind == "timeline":
-
         items = [("yours", yours[0][1])] + ([("the spec", spec[0][1])] if spec else [])
         note = timeline.ORDER + (" " + missing if missing else "")
         return _shown(timeline.figure(items, title=title, note=note))
     if scene.kind == "cpu":
-
         rows = []
         for k, (label, launch) in enumerate(yours):
             flat = None if scene.element is None else int(np.ravel_multi_index(
@@ -160,7 +157,6 @@ def _task_figure(scene, found, namespace: dict):
 
 def _stub_line(head: str, said: str, function: str) -> None:
     """The one line of a task whose code (or code it needs) is still the TODO stub."""
-
     said = " ".join(said.split()).replace(f": {STUB_MARK}", "").replace(STUB_MARK, "").strip(" :")
     which = said if said and " " not in said else "the CUDA C source" if "CUDA C" in said else function
     print(f"{head}: nothing of yours to draw yet: {which} is still the TODO stub (the spec's picture is in the task "
@@ -168,7 +164,6 @@ def _stub_line(head: str, said: str, function: str) -> None:
 
 
 def _access_figure(scene, yours, spec, title: str, missing: str):
-
     pairs, stack, notes = [], [], []
     for k, (label, rec) in enumerate(yours):
         try:
