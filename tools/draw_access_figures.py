@@ -177,30 +177,38 @@ WRONG = {  # a student's likely slip in a solution kernel: (stage, text in the s
 HINT = re.compile(r"lk\.show\.failure\(VARIANTS\[[^\]]+\], '[^']+', '[^']+'\)")
 
 
-def wrong_namespace(stage: str) -> dict:
-    """The solution's kernel cells (from its source) with one slip (``WRONG``), loaded as a student's notebook
-    would be."""
+def slipped(stage: str, right: str, wrong: str) -> dict:
+    """The kernel cells of stage ``stage``'s solution (its source) with ``right`` replaced by ``wrong``, loaded as a
+    student's notebook binds them; ValueError when the solution no longer has ``right``."""
+    import linecache
+
     import labkit as lk
     from labkit import nbcells
     from labkit.stages import STAGES, solution
 
-    right, slip, _, _ = WRONG[stage]
     nb = nbcells.read(solution(stage))
-    ns = {"__name__": f"wrong_{stage}"}
+    ns = {"__name__": f"slipped_{stage}"}
     found = False
     for index, src in nbcells.tagged_cells(nb):
         found = found or right in src
-        src = src.replace(right, slip)
+        src = src.replace(right, wrong)
         filename = f"<{STAGES[stage].notebook} cell {index}, with a slip>"
-        import linecache
-
         linecache.cache[filename] = (len(src), None, [ln + "\n" for ln in src.splitlines()], filename)
         exec(compile(src, filename, "exec"), ns)  # noqa: S102 - the kit's own cells
     if not found:
-        raise SystemExit(f"stage {stage}'s solution no longer has {right!r}: update WRONG in "
-                         f"tools/draw_access_figures.py")
+        raise ValueError(f"stage {stage}'s solution no longer has {right!r}")
     assert lk  # the cells import labkit themselves
     return ns
+
+
+def wrong_namespace(stage: str) -> dict:
+    """The solution's kernel cells (from its source) with one slip (``WRONG``), loaded as a student's notebook
+    would be."""
+    right, slip, _, _ = WRONG[stage]
+    try:
+        return slipped(stage, right, slip)
+    except ValueError as exc:
+        raise SystemExit(f"{exc}: update WRONG in tools/draw_access_figures.py") from None
 
 
 def failure_picture(stage: str, folder: Path = DOCS_IMG) -> Path:

@@ -120,14 +120,19 @@ def _units(tree: ast.Module) -> list[tuple[str, ast.AST]]:
     return units
 
 
-def _own_nodes(fn: ast.AST):
-    """The nodes of a function's own body, not of the functions and lambdas defined inside it."""
-    todo = list(ast.iter_child_nodes(fn))
+def walk_outside(tree: ast.AST, stop: tuple[type, ...]):
+    """The nodes under ``tree``, not descending into those of the kinds ``stop`` names (they are yielded)."""
+    todo = list(ast.iter_child_nodes(tree))
     while todo:
         node = todo.pop()
         yield node
-        if not isinstance(node, (*_FUNCTIONS, ast.Lambda, ast.ClassDef)):
+        if not isinstance(node, stop):
             todo.extend(ast.iter_child_nodes(node))
+
+
+def _own_nodes(fn: ast.AST):
+    """The nodes of a function's own body, not of the functions, lambdas and classes defined inside it."""
+    return walk_outside(fn, (*_FUNCTIONS, ast.Lambda, ast.ClassDef))
 
 
 def _names(node: ast.AST) -> set[str]:

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .answer_shapes import walk_outside
+
 
 @dataclass(frozen=True)
 class LeftOut:
@@ -117,12 +119,7 @@ def python_sources(path: Path, raw: bytes) -> list[tuple[str, str]]:
 
 def _module_level(tree: ast.AST):
     """The nodes that run when a module is imported: all but the bodies of its functions."""
-    todo = list(ast.iter_child_nodes(tree))
-    while todo:
-        node = todo.pop()
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            todo.extend(ast.iter_child_nodes(node))
+    return walk_outside(tree, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
 
 
 @functools.lru_cache(maxsize=1024)

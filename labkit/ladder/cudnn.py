@@ -122,7 +122,6 @@ def whole_call(wl: Workload, repeat: int = 10, warmup: int = 3,
     probabilities to the host. ``budget_s``: no further call once the timed ones add up to this (at least one)."""
     import torch
 
-
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
@@ -138,19 +137,26 @@ def whole_call(wl: Workload, repeat: int = 10, warmup: int = 3,
             y = fn(y)
         got["probs"] = y.cpu().numpy()
 
-    seconds: list[float] = []
     with torch.inference_mode():
-        for i in range(warmup + repeat):
-            if budget_s is not None and seconds and sum(seconds) >= budget_s:
-                break
-            clock = Clock("auto")
-            with clock.section("whole"):
-                call()
-            if i >= warmup:
-                seconds.append(clock.seconds()["whole"])
+        seconds = _timed_calls(call, warmup, repeat, budget_s)
     del x, weights
     torch.cuda.empty_cache()
     return seconds, reference.predict(got["probs"])
+
+
+def _timed_calls(call, warmup: int, repeat: int, budget_s: float | None) -> list[float]:
+    """Seconds of each timed ``call()`` (CUDA events, ``timing.Clock``, as the kit's whole calls are timed) after
+    ``warmup`` untimed ones; none after the timed ones add up to ``budget_s`` (at least one)."""
+    seconds: list[float] = []
+    for i in range(warmup + repeat):
+        if budget_s is not None and seconds and sum(seconds) >= budget_s:
+            break
+        clock = Clock("auto")
+        with clock.section("whole"):
+            call()
+        if i >= warmup:
+            seconds.append(clock.seconds()["whole"])
+    return seconds
 
 
 def stage_label(torch_version: str, precision: str = "fp32") -> str:
@@ -195,15 +201,7 @@ def peer_call(wl: Workload, repeat: int = 10, warmup: int = 3,
             recorded.replay()
             got["probs"] = probs.cpu().numpy()  # waits for the replay, as the kit's download does
 
-        seconds: list[float] = []
-        for i in range(warmup + repeat):
-            if budget_s is not None and seconds and sum(seconds) >= budget_s:
-                break
-            clock = Clock("auto")
-            with clock.section("whole"):
-                call()
-            if i >= warmup:
-                seconds.append(clock.seconds()["whole"])
+        seconds = _timed_calls(call, warmup, repeat, budget_s)
     del recorded, probs, x, weights
     torch.cuda.empty_cache()
     return seconds, reference.predict(got["probs"])
