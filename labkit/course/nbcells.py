@@ -50,7 +50,7 @@ def read(path: str | Path) -> nbformat.NotebookNode:  # noqa: F821 - imported wh
         raise NotebookError(f"{path} is not a readable notebook ({type(exc).__name__}: {exc})") from None
 
 
-def _defines(src: str, names: tuple[str, ...]) -> bool:
+def defines(src: str, names: tuple[str, ...]) -> bool:
     """Whether a cell defines one of ``names`` at its top level (``def name(`` at the start of a line)."""
     return any(re.search(rf"^(?:async\s+)?def\s+{re.escape(n)}\s*\(", src, re.M) for n in names)
 
@@ -64,7 +64,7 @@ def tagged_cells(nb: nbformat.NotebookNode, tag: str = KERNEL_TAG, define: tuple
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        if tag in cell.get("metadata", {}).get("tags", []) or (define and _defines(cell.source, define)):
+        if tag in cell.get("metadata", {}).get("tags", []) or (define and defines(cell.source, define)):
             src = "\n".join("" if _MAGIC.match(line) else line for line in cell.source.splitlines())
             cells.append((i, src))
     return cells
