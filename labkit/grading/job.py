@@ -65,21 +65,20 @@ class Inputs:
             self.workloads[key] = P.WorkloadSpec(net=wl.net.name, x=f"{key}.x", weights=self.weights(key, wl.weights))
         return key
 
-    def timing(self, plan: StagePlan, rng: np.random.Generator) -> tuple[P.TimingSpec, list[np.ndarray]]:
-        """The timed passes: each on the workload's images freshly perturbed (noise of a tenth of their spread,
-        new for every pass and every job), so that no memo, of an earlier pass or of the accuracy run, holds its
-        answer; and those images, for the reference's answers on them."""
+    def timing(self, plan: StagePlan, rng: np.random.Generator, folder: Path) \
+            -> tuple[P.TimingSpec, list[np.ndarray], np.ndarray]:
+        """The timed passes: each on the workload's images freshly perturbed (``fresh_passes``), so that no memo,
+        of an earlier pass or of the accuracy run, holds its answer; those images, for the reference's answers on
+        them; and the workload's images, for a later attempt's (written only when it is asked for)."""
         t = plan.rubric["timing"]
         key = self.workload(*plan.timing_run())
         x = self.arrays[self.workloads[key].x]
-        scale = 0.1 * float(x.std()) or 0.1
-        keys, images = [], []
-        for k in range(t["repeat"]):
-            images.append((x + rng.normal(0.0, scale, x.shape)).astype(np.float32))
-            keys.append(f"pass{k}.x")
-            self.arrays[keys[-1]] = images[-1]
-        return P.TimingSpec(variant=plan.timed, workload=key, warmup=t["warmup"], repeat=t["repeat"],
-                            passes=keys), images
+        images = fresh_passes(x, rng, t["repeat"])
+        keys = [f"pass{k}.x" for k in range(len(images))]
+        self.arrays.update(zip(keys, images))
+        return P.TimingSpec(variant=plan.timed, workload=key, warmup=t["warmup"], repeat=t["repeat"], passes=keys,
+                            attempts=t.get("attempts", 1),
+                            retry_inputs=str(folder / "timing{attempt}.npz")), images, x
 
     def save(self, folder: Path) -> str:
         np.savez(folder / "inputs.npz", **self.arrays)
@@ -102,6 +101,13 @@ class Inputs:
                 calls.append(spec)
                 expected[spec.id] = {**want, "task": task.name, "function": task.function, "check": task.check}
         return calls, expected
+
+
+def fresh_passes(x: np.ndarray, rng: np.random.Generator, repeat: int) -> list[np.ndarray]:
+    """``repeat`` copies of the images ``x`` with noise of a tenth of their spread, new for every pass and every
+    job (and every attempt)."""
+    scale = 0.1 * float(x.std()) or 0.1
+    return [(x + rng.normal(0.0, scale, x.shape)).astype(np.float32) for _ in range(repeat)]
 
 
 def _graph_calls(task: tasks.Task, rng: np.random.Generator):
@@ -361,6 +367,8 @@ class GradingJob:
         self._pass_images: list = []  # each timed pass's images (fresh): the reference's answers are computed here
         self._answers: dict = {}  # ("case" | "task" | "pass", id) -> the float64 reference's answer, to compute
         self._ahead: Ahead | None = None  # ... computed while the child runs (labkit.grading.ahead)
+        self._attempt, self._retry = 0, None  # the timing's attempt now, and a later attempt's answers (Ahead)
+        self._turn_at = self._started = time.monotonic()
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
         self.turns: Turns | None = None  # the run's turns (labkit.grading.turns): None, no other job to stop
@@ -382,7 +390,9 @@ class GradingJob:
             aid = f"{vname}/{net_name}"
             accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
-        timing, self._pass_images = inputs.timing(plan, rng) if plan.timing_run() else (None, [])
+        self._rng, self._folder = rng, folder
+        timing, self._pass_images, self._timed_x = inputs.timing(plan, rng, folder) if plan.timing_run() \
+            else (None, [], None)
         task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
         # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
         self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
@@ -642,17 +652,44 @@ class GradingJob:
 
     def _on_turn(self, msg: P.Turn, payload, answer) -> None:
         """The timed phase waits for its turn: every other job stopped (``labkit.grading.turns``), and the parent's
-        answers for its passes computed (nothing of the parent's runs beside its timing)."""
+        answers for the attempt's passes computed (nothing of the parent's runs beside its timing)."""
         for k in range(len(self._pass_images)):
-            self._ahead.get(("pass", k))
+            self._pass_answer(k)
         if self.turns is not None and self.running is not None:
             self.turns.acquire(self.running, WHOLE if self.alone else self.device)
+        self._turn_at = time.monotonic()
         answer(P.Answer.CONTINUE)
+
+    def _pass_answer(self, k: int):
+        """The float64 reference's answer for pass ``k`` of the current attempt."""
+        return (self._ahead if self._attempt == 0 else self._retry).get(("pass", k))
 
     def _no_timing(self) -> None:
         """The job will not be timed: the parent's answers for its passes are not needed."""
         for k in range(len(self._pass_images)) if self._ahead is not None else ():
             self._ahead.skip(("pass", k))
+
+    def _again(self, speed: float | None, fastest: float | None) -> bool:
+        """Time another attempt, later, on fresh images: this one's core ran slower than ``timing.slow_core`` above
+        the fastest probe the run saw on this device, an attempt is left, and the job's limit leaves room for two
+        more like it."""
+        t = self.plan.rubric["timing"]
+        if speed is None or self._attempt + 1 >= t.get("attempts", 1) or speed <= (1 + t.get("slow_core", 0.15)) \
+                * fastest:
+            return False
+        used = time.monotonic() - self._started - (self.running.paused_s() if self.running is not None else 0.0)
+        return used + 2 * (time.monotonic() - self._turn_at) < self.time_limit
+
+    def _next_attempt(self) -> None:
+        """The next attempt's images, fresh, written where the child reads them only now, and the reference's
+        answers on them computed while it waits for its turn."""
+        self._attempt += 1
+        self._pass_images = fresh_passes(self._timed_x, self._rng, len(self._pass_images))
+        np.savez(self._folder / f"timing{self._attempt}.npz",
+                 **{f"pass{k}.x": x for k, x in enumerate(self._pass_images)})
+        self._retry = Ahead({("pass", k): piece for k, piece in
+                             enumerate(expected_passes(self.refs, self.plan, self._pass_images))},
+                            self.turns, self.running)
 
     def _release_turn(self) -> None:
         if self.turns is not None and self.running is not None and not self.alone:
@@ -677,17 +714,33 @@ class GradingJob:
         answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE if go else P.Answer.SKIP)
 
     def _on_timing(self, msg: P.Timing, payload, answer) -> None:
+        """One attempt's passes: kept beside the earlier attempts' (op time is the best pass of them all), and
+        answered with another attempt when its core ran slow (``_again``), else with enough."""
         self._release_turn()
         o = self.outcome
-        o.finished.add("timing")
-        if msg.error:
-            o.timing_error = msg.error
+        if msg.error or msg.attempt != self._attempt:
+            o.finished.add("timing")
+            o.timing_error = msg.error or None
+            if not msg.error:
+                o.protocol_error = f"timing results of attempt {msg.attempt} where {self._attempt} was asked for"
+            answer(P.Answer.SKIP)
             return
-        o.timing_runs, o.timing_method, o.quiet_s = self._runs(msg.runs), msg.method, msg.quiet_s
-        o.quiet_probe = msg.probe
-        preds = self._predictions(payload, o.timing_runs)
-        o.timing_mismatches = mismatches([self._ahead.get(("pass", k)) for k in range(len(self._pass_images))],
-                                         preds) if preds else None
+        runs = self._runs(msg.runs)
+        speed = P.probe_speed_us(msg.probe)
+        fastest = self.turns.fastest(self.device, speed) if self.turns is not None and speed else speed
+        o.timing_attempts.append({"attempt": msg.attempt, "speed_us": speed, "fastest_us": fastest,
+                                  "quiet_s": round(msg.quiet_s, 3), "probe": msg.probe})
+        preds = self._predictions(payload, runs)
+        expected = [self._pass_answer(k) for k in range(len(self._pass_images))] if preds else []
+        again = runs is not None and self._again(speed, fastest)
+        if again:
+            self._next_attempt()
+        else:
+            o.finished.add("timing")
+        answer(P.Answer.CONTINUE if again else P.Answer.SKIP)
+        o.timing_method, o.quiet_s = msg.method, o.quiet_s + msg.quiet_s
+        o.timing_runs = (o.timing_runs or []) + runs if runs is not None else None
+        o.timing_mismatches = (o.timing_mismatches or []) + mismatches(expected, preds) if preds else None
         self._trace(msg.trace, self.plan.timed, True)  # a library call made only in the timed passes
 
     def _on_tampered(self, msg: P.Tampered, payload, answer) -> None:
@@ -739,7 +792,7 @@ class GradingJob:
         o = self.outcome
         if o.grader_error:  # the reference could not be timed: the grader's problem, said in this job's row
             return o
-        start = time.monotonic()
+        start = self._started = time.monotonic()
         self.clock.switch("start")
         folder, self.lib, solutions, guard = _private_folder(self.plan)
         iso = self.sandbox if self.sandbox is not None else isolation.choose()
@@ -769,8 +822,9 @@ class GradingJob:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             o.phases = self.clock.stop()
-            if self._ahead is not None:  # (a job that ended early: nothing more is needed)
-                self._ahead.cancel()
+            for ahead in (self._ahead, self._retry):  # (a job that ended early: nothing more is needed)
+                if ahead is not None:
+                    ahead.cancel()
         if not self.plan.technique():
             o.finished.add("technique")
         if self.gpu and o.technique is not None:

@@ -223,6 +223,8 @@ class TimingSpec(Record):
     warmup: int
     repeat: int
     passes: list[str] = dataclasses.field(default_factory=list)
+    attempts: int = 1  # turns at most: the parent answers each attempt with another (a slow core) or enough
+    retry_inputs: str = ""  # attempt a's images (``pass{k}.x``), written when the parent asks for it: .format(attempt=a)
 
 
 @dataclasses.dataclass
@@ -402,7 +404,19 @@ class Timing(Message):
     error: str | None = None
     trace: Trace | None = None
     quiet_s: float = 0.0  # on a GPU, how long the turn waited for work the stopped jobs had queued to drain
-    probe: dict = dataclasses.field(default_factory=dict)  # on a GPU, the quiet probe's samples (the row keeps them)
+    probe: dict = dataclasses.field(default_factory=dict)  # the probes' samples, before and after (``timed``)
+    attempt: int = 0
+
+
+def probe_speed_us(probe: dict) -> float | None:
+    """How slow the child's core ran around an attempt's passes (lower is faster): the median of the launch bursts
+    before and after them on a GPU (host-bound: they follow the core), else of the core's loop; None if the probe
+    holds no such samples (a child's numbers: only ever finite positive ones count)."""
+    sides = [side for side in (probe.get("before"), probe.get("after")) if isinstance(side, dict)]
+    key = "burst_us" if any("burst_us" in side for side in sides) else "core_us"
+    values = sorted(v for side in sides for v in (side.get(key) if isinstance(side.get(key), list) else [])
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"))
+    return float(values[len(values) // 2]) if values else None
 
 
 @_message(Kind.TAMPERED)

@@ -25,15 +25,15 @@ SECTIONS = {
                "min_time_s": (int, float), "memory_mb": int, "max_file_mb": int},
     "checks": {"batches": list, "tol": (int, float), "own_kernel": bool, "own_layers": list},
     "accuracy": {"images": int, "per_image": int},
-    "timing": {"images": int, "warmup": int, "repeat": int},
+    "timing": {"images": int, "warmup": int, "repeat": int, "attempts": int, "slow_core": (int, float)},
     "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float),
                "technique": (int, float)},
     "technique": {"memory": str, "net": str, "layer": str, "min_fraction": (int, float)},
     "op_time": {"full_at_ratio": (int, float), "zero_at_ratio": (int, float), "requires_accuracy": bool,
                 "when_not_measured": str},
 }
-OPTIONAL = {("checks", "batches"), ("checks", "own_layers"), ("accuracy", "per_image")}  # absent: labkit.check.BATCHES;
-# ["conv"]; every image
+OPTIONAL = {("checks", "batches"), ("checks", "own_layers"), ("accuracy", "per_image"), ("timing", "attempts"),
+            ("timing", "slow_core")}  # absent: labkit.check.BATCHES; ["conv"]; every image; one attempt; 0.15
 OWN_LAYERS = ("conv", "fc")  # layer kinds a stage may name as its own work (checks.own_layers)
 STAGE_KEYS = {"variants": list, "timed_variant": str, "tasks": dict}  # tasks: a task's own points (labkit.tasks)
 NOT_MEASURED = ("exclude", "full", "zero")
@@ -111,6 +111,9 @@ def _check_values(where: str, label: str, r: dict) -> None:
     if r["timing"]["repeat"] < 1 or r["timing"]["warmup"] < 0 or r["timing"]["images"] < 1 \
             or r["accuracy"]["images"] < 1 or r["accuracy"].get("per_image", 0) < 0:
         raise RubricError(f"{where} ({label}): image counts and timing.repeat must be >= 1, warmup >= 0")
+    if r["timing"].get("attempts", 1) < 1 or not r["timing"].get("slow_core", 0.15) > -1:
+        raise RubricError(f"{where} ({label}): timing.attempts must be >= 1 and timing.slow_core more than -1 "
+                          f"(0.15: time again when the core ran 15 % slower than the fastest seen)")
     memory = r["technique"]["memory"]
     if memory not in ("", "shared", "constant"):
         raise RubricError(f"{where} ({label}): technique.memory must be \"shared\", \"constant\" or \"\" (none)")

@@ -65,7 +65,7 @@ class JobOutcome:
     survivors: list = dataclasses.field(default_factory=list)  # pids still there long after the job was ended
     paused_s: float = 0.0  # stopped while other jobs timed, or waiting for its own turn: not in its limit
     quiet_s: float = 0.0  # on a GPU, how long its timing waited for the stopped jobs' queued work to drain
-    quiet_probe: dict = dataclasses.field(default_factory=dict)  # the probe's samples, before and after the passes
+    timing_attempts: list = dataclasses.field(default_factory=list)  # each timing turn's probe (GradingJob._again)
     last_kernel: str = ""  # on a GPU, the kernel the child launched last (a hung job's row names it)
     finished: set = dataclasses.field(default_factory=set)  # the phases the child finished (PHASES)
     phases: dict = dataclasses.field(default_factory=dict)  # seconds per phase (labkit.grading.phases)
@@ -252,7 +252,7 @@ def _op_time(out: dict, o: JobOutcome, plan: StagePlan, images: int) -> tuple[fl
                                    "reference": o.reference_runs}
         details["op_time_spread"] = {"student": spread(student), "reference": spread(ref)}
         details["turn"] = {"paused_s": round(o.paused_s, 2), "quiet_wait_s": round(o.quiet_s, 3),
-                           **({"probe": o.quiet_probe} if o.quiet_probe else {})}
+                           "attempts": o.timing_attempts}
         details["timed_predictions"] = {"student_mismatches": o.timing_mismatches,
                                         "reference_mismatches": o.reference_mismatches,
                                         "allowed": timing_allowance(o, images), "images": images}

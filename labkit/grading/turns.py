@@ -91,6 +91,7 @@ class Turns:
         self._core: dict[Running, int | None] = {}  # the kept core each holder runs its turn on
         self._working: dict[int, int] = {}  # id(owner) -> pieces of the parent's work for that job in progress
         self.log: list[dict] = []  # one entry a turn: who, which device, how long it waited and held, who it stopped
+        self._fastest: dict[str | None, float] = {}  # device -> the fastest timing probe seen (``fastest``)
 
     def started(self, r: Running) -> None:
         """A child was started: stopped at once if a turn is on (it must not run beside a timing)."""
@@ -195,6 +196,13 @@ class Turns:
             yield
         finally:
             self.release(r)
+
+    def fastest(self, device: str | None, speed: float) -> float:
+        """The fastest timing probe (``protocol.probe_speed_us``) seen on ``device`` in this run, ``speed`` included:
+        what an attempt's core is compared with before it is timed again (``GradingJob._again``)."""
+        with self._cond:
+            self._fastest[device] = min(self._fastest.get(device, speed), speed)
+            return self._fastest[device]
 
     def summary(self) -> dict:
         """What the report's meta says of the turns: how many, how long they waited and held, at most."""

@@ -2,7 +2,7 @@
 
 Started as ``python -m labkit.grading.worker`` in a fresh folder, importing its private copy of labkit, it reads
 the job (``protocol.JobSpec``, JSON) on stdin and the inputs from the ``.npz`` the grader wrote. Before any student
-code exists it binds its clock's functions (``time.perf_counter``, the CUDA event functions) and its result pipe
+code exists it binds its clock's functions (``time.perf_counter``, the CUDA event functions: ``timed``) and its result pipe
 (``os.write``), and takes a snapshot of labkit's modules and classes (and numpy's, and its own). Then the job's
 phases run in order, each a method of ``StudentJob`` over the one context it holds:
 
@@ -37,15 +37,13 @@ import threading
 import time
 import traceback
 import types
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import replace
 
 import numpy as np
 
-# Bound at import, before any student code exists.
-_perf_counter = time.perf_counter
+# Bound at import, before any student code exists (the clock's functions: labkit.grading.timed).
 _os_write = os.write
-_contextmanager = contextmanager
 _threads = threading.enumerate
 
 import labkit as _labkit  # noqa: E402  (labkit first: its runtime settings precede numba's)
@@ -57,67 +55,16 @@ from ..ladder import tune  # noqa: E402,F401
 # (counts and tune imported now, before the snapshot: a class of a module first imported by a student's cell would
 # be outside it, and its patch unseen)
 
-from numba import cuda as _cuda  # noqa: E402
-
-# the CUDA event functions (the simulator has no event_elapsed_time; it never times with events)
-_cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
-_cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
-
 from ..core.check import check_technique, origin, weighted  # noqa: E402
 from ..core.workloads import Workload  # noqa: E402
 from ..course.stages import STAGES, Variant  # noqa: E402
 from ..model.layers import impl_for, kernel_layers  # noqa: E402
 from ..model.nets import Layer, Net, get_net  # noqa: E402
-from . import environment, ownership  # noqa: E402
+from . import environment, ownership, timed  # noqa: E402
 from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
 
 STAGES_BY_NOTEBOOK = {s.notebook: n for n, s in STAGES.items()}
-
-
-def quiet_samples(n: int = 8, burst: int = 32) -> dict:
-    """How the device answers now, two ways: an empty kernel's round trip timed on the host (it waits for another
-    context's time slice), and ``burst`` empty kernels between two events (each waits behind another context's
-    kernels); microseconds, ``n`` of each."""
-    empty = _empty_kernel()
-    empty[1, 1]()
-    _cuda_synchronize()
-    trips, bursts = [], []
-    for _ in range(n):
-        t = _perf_counter()
-        empty[1, 1]()
-        _cuda_synchronize()
-        trips.append(round((_perf_counter() - t) * 1e6, 1))
-        start, end = _cuda_event(timing=True), _cuda_event(timing=True)
-        start.record()
-        for _ in range(burst):
-            empty[1, 1]()
-        end.record()
-        end.synchronize()
-        bursts.append(round(_cuda_elapsed(start, end) * 1e3, 1))
-    return {"trip_us": trips, "burst_us": bursts}
-
-
-@functools.cache
-def _empty_kernel():
-    @_cuda.jit
-    def empty():
-        pass
-
-    return empty
-
-
-def _probe_kernel():
-    """One thread sleeping ``us`` microseconds: on a device another context keeps busy it takes longer (the device
-    time-slices between contexts), so it tells when the device runs nothing but this child's work."""
-    from numba import uint32
-
-    @_cuda.jit
-    def probe(us):
-        for _ in range(us):
-            _cuda.nanosleep(uint32(1000))
-
-    return probe
 
 
 class _Channel:
@@ -131,59 +78,6 @@ class _Channel:
         data = memoryview(self._encode(message, arrays))
         while data:
             data = data[self._write(self.fd, data):]
-
-
-class _Clock:
-    """The engine's clock here (``section(name)``, ``seconds()``, as ``labkit.timing.Clock``): CUDA events for GPU
-    code on a GPU, else ``perf_counter`` between synchronizations. Each clock takes the functions bound at import
-    when it is made, and binds its own methods, so a patch made while a pass runs does not reach it."""
-
-    def __init__(self, events: bool, syncs: tuple):
-        self._perf, self._event, self._elapsed, self._syncs = _perf_counter, _cuda_event, _cuda_elapsed, syncs
-        self._marks: list = []
-        self._totals: dict[str, float] = {}
-        self.section = self._event_section if events else self._perf_section
-        self.whole = self._event_whole if events else self._perf_section
-        self.seconds = self._read
-
-    def _sync(self) -> None:
-        for fn in self._syncs:
-            fn()
-
-    @_contextmanager
-    def _event_section(self, name: str):
-        start, end = self._event(timing=True), self._event(timing=True)
-        start.record()
-        yield
-        end.record()
-        self._marks.append((name, start, end))
-
-    @_contextmanager
-    def _event_whole(self, name: str):
-        """A section that ends only once the device is idle: work left queued on any stream counts."""
-        start, end = self._event(timing=True), self._event(timing=True)
-        self._sync()
-        start.record()
-        yield
-        self._sync()
-        end.record()
-        self._marks.append((name, start, end))
-
-    @_contextmanager
-    def _perf_section(self, name: str):
-        self._sync()
-        t0 = self._perf()
-        yield
-        self._sync()
-        self._totals[name] = self._totals.get(name, 0.0) + self._perf() - t0
-
-    def _read(self) -> dict[str, float]:
-        if self._marks:
-            self._marks[-1][2].synchronize()
-            for name, start, end in self._marks:
-                self._totals[name] = self._totals.get(name, 0.0) + self._elapsed(start, end) / 1e3
-            self._marks.clear()
-        return dict(self._totals)
 
 
 def _namespaces(hooked: list) -> list[tuple[object, bool]]:
@@ -316,20 +210,6 @@ def _variant_fields(v) -> dict:
             "per_image": getattr(v, "per_image", None)}
 
 
-def _gpu_syncs(gpu_here: bool) -> tuple:
-    """What a perf_counter section waits for on a GPU: numba's queue, and cupy's (CUDA C variants) if present."""
-    if not gpu_here:
-        return ()
-    syncs = [_cuda_synchronize]
-    try:
-        import cupy
-
-        syncs.append(cupy.cuda.Device().synchronize)
-    except Exception:  # noqa: BLE001 - no cupy: nothing of its to wait for
-        pass
-    return tuple(syncs)
-
-
 def _pass_arrays(probabilities: list) -> dict:
     """Each timed pass's class probabilities: their argmax are its predictions, and a result kept from another
     pass shows in them even where the predictions happen to agree (synthetic images all of one class)."""
@@ -415,10 +295,6 @@ def task_call(spec: P.TaskCallSpec, fn, ctx, made: dict):
 PHASE_WORDS = {"load": "loading the notebook's kernel cells", "checks": "the checks", "tasks": "the tasks",
                "accuracy": "the accuracy runs", "timing": "timing", "technique": "the technique check"}
 
-#: the quiet device's probe (``GradingChild.wait_quiet``): its sleep, how many of the last must agree, how closely, how long
-QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.10, 10.0
-
-
 # ------------------------------------------------------------------------------------------------- the job
 
 
@@ -430,7 +306,7 @@ class GradingChild:
                  given_log: list):
         self.job, self.chan, self.answers, self.info, self.snap = job, chan, answers, info, snap
         self.tracer_ref, self.given_log = tracer_ref, given_log
-        self.syncs = _gpu_syncs(info.kind == "gpu")
+        self.syncs = timed.gpu_syncs(info.kind == "gpu")
         with np.load(job.inputs, allow_pickle=False) as data:
             self.arrays = {k: data[k] for k in data.files}
         self.nets = {k: net_from_dict(d) for k, d in job.nets.items()}
@@ -471,39 +347,17 @@ class GradingChild:
         """A clock per timed pass (the last pass compared, labkit put back first), and the clock's method."""
         events = self.info.kind == "gpu" and self.job.variants[name].target == "gpu"
 
-        def make_clock() -> _Clock:
+        def make_clock() -> timed.Clock:
             if self.student_code:
                 self.compare(what)
             self.restore()
-            return _Clock(events, self.syncs)
+            return timed.Clock(events, self.syncs)
 
         return make_clock, "cuda-events" if events else "perf_counter"
 
-    def wait_quiet(self, limit_s: float = QUIET_LIMIT_S) -> tuple[float, dict]:
-        """On a GPU, once the turn is held: wait until the device runs nothing else. The other jobs are stopped,
-        but the work they had queued still runs to its end, the device time-slicing between contexts (on an H100
-        that stretched the timed passes up to 3x, for about a tenth of a second). A probe that sleeps a fixed time
-        is timed until the last ``QUIET_RUNS`` take within ``QUIET_SPREAD`` of the shortest seen; at most
-        ``limit_s``. The seconds waited, and the probes' samples (the row keeps them: ``quiet_samples``)."""
-        if self.info.kind != "gpu":
-            return 0.0, {}
-        probe, t0, seen = _probe_kernel(), _perf_counter(), []
-        while _perf_counter() - t0 < limit_s:
-            start, end = _cuda_event(timing=True), _cuda_event(timing=True)
-            start.record()
-            probe[1, 1](QUIET_PROBE_US)
-            end.record()
-            end.synchronize()
-            seen.append(_cuda_elapsed(start, end))
-            last = seen[-QUIET_RUNS:]
-            if len(seen) > QUIET_RUNS and max(last) <= (1 + QUIET_SPREAD) * min(seen):
-                break
-        waited = _perf_counter() - t0
-        return waited, {"sleep_ms": [round(v, 3) for v in seen[-12:]], "before": quiet_samples()}
-
-    def timed_passes(self, variant: Variant, tracer: ownership.Tracer | None) -> tuple[list, list]:
-        """``warmup`` untimed passes on one image, then one timed pass on each of the job's pass inputs (fresh
-        images each: no memo of an earlier pass, or of the accuracy run, can anticipate them), under the same
+    def timed_passes(self, variant: Variant, tracer: ownership.Tracer | None, images: list) -> tuple[list, list]:
+        """``warmup`` untimed passes on one image, then one timed pass on each of ``images`` (fresh images each: no
+        memo of an earlier pass, or attempt, or of the accuracy run, can anticipate them), under the same
         tracing as the checks. A pass's time (``"pass"``) runs from its first launch until the device is idle and
         every thread it started has ended; each layer's time is kept beside it. The probabilities of every pass
         come back for the grader to compare with the reference's on the same images."""
@@ -516,8 +370,8 @@ class GradingChild:
             self.restore()
             engine.forward(net, variant, prepared.first(1))
         runs, predictions = [], []
-        for key in t.passes:
-            fresh = engine.prepare(net, variant, self.arrays[key], w)
+        for x_pass in images:
+            fresh = engine.prepare(net, variant, x_pass, w)
             clock = make_clock()
             with tracer.installed() if tracer is not None else nullcontext():
                 before = set(_threads())
@@ -757,32 +611,45 @@ class StudentPhases:
 
     # --- op time: the student's timed variant, the same way as the reference's, traced as in the checks
     def timing(self) -> bool:
+        """One attempt a turn; the parent answers each with another attempt (its core was slow: the images of the
+        next are in ``retry_inputs``, written only now), or with enough."""
         ctx, t = self.ctx, self.ctx.job.timing
         if not self.timing_allowed:
             return True
-        ctx.restore()
-        net, x, _ = ctx.workloads[t.workload]
-        when = f"timing variant {t.variant!r} on {x.shape[0]} images"
+        images = [ctx.arrays[key] for key in t.passes]
+        for attempt in range(t.attempts):
+            ctx.restore()
+            answer = self._attempt(attempt, images)
+            if answer is not P.Answer.CONTINUE or attempt + 1 == t.attempts:
+                return answer is not P.Answer.STOP
+            with np.load(t.retry_inputs.format(attempt=attempt + 1), allow_pickle=False) as data:
+                images = [data[f"pass{k}.x"] for k in range(len(data.files))]
+        return True
+
+    def _attempt(self, attempt: int, images: list) -> P.Answer:
+        ctx, t = self.ctx, self.ctx.job.timing
+        when = f"timing variant {t.variant!r} on {images[0].shape[0]} images" + (f" (attempt {attempt + 1})"
+                                                                                  if attempt else "")
         ctx.send(P.Turn(when))  # wait until every other job is stopped (labkit.grading.turns)
         if ctx.answer() is not P.Answer.CONTINUE:
-            return False
-        quiet, probe = ctx.wait_quiet()
+            return P.Answer.STOP
+        gpu = ctx.info.kind == "gpu"
+        quiet, probe = timed.wait_quiet(gpu)
         ctx.send(P.Start(when))
         ctx.records.clear()
         try:
-            runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer)
+            runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer, images)
         except _Tampered:
             raise
         except BaseException as exc:  # noqa: BLE001
             ctx.compare(f"during {when}")
-            ctx.send(P.Timing(error=describe_exception(exc, "the timed run")))
-            return True
+            ctx.send(P.Timing(error=describe_exception(exc, "the timed run"), attempt=attempt))
+            return ctx.answer()
         ctx.compare(f"during {when}")
-        if probe:
-            probe["after"] = quiet_samples()
+        probe["after"] = timed.quiet_samples(gpu)
         ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1], trace=_summary(ctx.records),
-                          quiet_s=quiet, probe=probe), _pass_arrays(preds))
-        return True
+                          quiet_s=quiet, probe=probe, attempt=attempt), _pass_arrays(preds))
+        return ctx.answer()
 
     # --- the stage's tasks with checks of their own (labkit.tasks: stage 10's graph replay and pipeline)
     def tasks(self) -> bool:
