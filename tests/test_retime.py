@@ -19,6 +19,7 @@ import pytest
 from labkit import grading
 from labkit.course.stages import STAGES, solutions_folder
 from labkit.grading import protocol as P
+from labkit.grading import sandbox
 from labkit.grading.job import GradingJob
 from labkit.grading.plan import References, StagePlan
 from labkit.grading.protocol import VariantSpec
@@ -91,7 +92,7 @@ def test_a_slow_core_is_timed_again_on_fresh_images_and_the_best_pass_counts(job
     answers, _ = _attempt(job, 0, 180.0, 0.20)  # 80 % slower than the fastest: again
     assert answers == [P.Answer.CONTINUE, P.Answer.CONTINUE] and job.spec.timing.attempts == 3
     written = Path(job.spec.timing.retry_inputs.format(attempt=1))
-    assert written.parent == tmp_path and written.is_file()
+    assert written.parent == tmp_path / "timing" and written.is_file()
     with np.load(written) as data:
         fresh = [data[f"pass{k}.x"] for k in range(3)]
     assert len(data.files) == 3 and all(x.shape == first[1][0].shape and x.dtype == np.float32 for x in fresh)
@@ -108,6 +109,15 @@ def test_a_slow_core_is_timed_again_on_fresh_images_and_the_best_pass_counts(job
     assert all(a["fastest_us"] == 100.0 for a in o.timing_attempts)
     assert len(o.timing_runs) == 6 and min(r["pass"] for r in o.timing_runs) == 0.10
     assert o.timing_mismatches == [0] * 6  # every pass of both attempts against the reference on its own images
+
+
+def test_the_childs_sandbox_sees_the_folder_later_attempts_appear_in(job, tmp_path):
+    """The sandbox binds files and folders that exist when the child starts: a later attempt's file, written after,
+    is visible only inside a folder bound then (an H100 run without it: FileNotFoundError in every retimed job)."""
+    view = sandbox.job_view(job.spec.to_json(), tmp_path, {})
+    folder = str(Path(job.spec.timing.retry_inputs).parent)
+    assert folder in view.read and Path(folder).is_dir() and not any(Path(folder).iterdir())
+    assert view.scratch != folder and not view.scratch.startswith(folder)  # bound read-only, never the child's
 
 
 def test_no_attempt_past_the_rubrics_or_the_limits_room(job):
@@ -154,7 +164,7 @@ def test_the_child_times_each_attempt_the_parent_asks_for(tmp_path):
     rubric.write_text("[checks]\nbatches = [1]\n[accuracy]\nimages = 4\n"
                       "[timing]\nimages = 4\nrepeat = 3\nattempts = 3\nslow_core = -0.99\n")
     report = grading.grade(tmp_path / "subs", stages=["01"], rubric=rubric, out=tmp_path / "out", jobs=1,
-                           progress=False, cache=False, unsandboxed=True)
+                           progress=False, cache=False)  # in the sandbox: the attempts' folder is bound
     row, = report["rows"]
     assert row["status"] == "pass", row["message"]
     turn = row["details"]["turn"]

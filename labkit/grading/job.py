@@ -76,9 +76,11 @@ class Inputs:
         images = fresh_passes(x, rng, t["repeat"])
         keys = [f"pass{k}.x" for k in range(len(images))]
         self.arrays.update(zip(keys, images))
+        later = folder / "timing"  # a later attempt's images appear here (the child's sandbox binds it read-only)
+        later.mkdir()
         return P.TimingSpec(variant=plan.timed, workload=key, warmup=t["warmup"], repeat=t["repeat"], passes=keys,
                             attempts=t.get("attempts", 1),
-                            retry_inputs=str(folder / "timing{attempt}.npz")), images, x
+                            retry_inputs=str(later / "attempt{attempt}.npz")), images, x
 
     def save(self, folder: Path) -> str:
         np.savez(folder / "inputs.npz", **self.arrays)
@@ -390,9 +392,10 @@ class GradingJob:
             aid = f"{vname}/{net_name}"
             accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
-        self._rng, self._folder = rng, folder
+        self._rng = rng
         timing, self._pass_images, self._timed_x = inputs.timing(plan, rng, folder) if plan.timing_run() \
             else (None, [], None)
+        self._retry_inputs = timing.retry_inputs if timing is not None else ""
         task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
         # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
         self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
@@ -685,7 +688,7 @@ class GradingJob:
         answers on them computed while it waits for its turn."""
         self._attempt += 1
         self._pass_images = fresh_passes(self._timed_x, self._rng, len(self._pass_images))
-        np.savez(self._folder / f"timing{self._attempt}.npz",
+        np.savez(self._retry_inputs.format(attempt=self._attempt),
                  **{f"pass{k}.x": x for k, x in enumerate(self._pass_images)})
         self._retry = Ahead({("pass", k): piece for k, piece in
                              enumerate(expected_passes(self.refs, self.plan, self._pass_images))},
