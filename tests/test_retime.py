@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import nbformat
@@ -24,7 +25,8 @@ from labkit.grading.job import GradingJob
 from labkit.grading.plan import References, StagePlan
 from labkit.grading.protocol import VariantSpec
 from labkit.grading.rubric import RubricError, load_rubric
-from labkit.grading.turns import Turns
+from labkit.grading.job import RETRY_AFTER_S
+from labkit.grading.turns import Running, Turns
 
 
 def _probe(us: float, key: str = "core_us") -> dict:
@@ -68,7 +70,7 @@ def job(tmp_path):
     solution = solutions_folder() / STAGES["01"].notebook
     plan = StagePlan(STAGES["01"], solution, rubric, {"serial": spec}, "serial", True, "", 600.0)
     j = GradingJob(plan, References(), "s", solution, 11, gpu=False)
-    j.turns = Turns()
+    j.turns, j.running = Turns(), Running(None, "cpu")
     j.spec = j.build(tmp_path)
     return j
 
@@ -101,7 +103,10 @@ def test_a_slow_core_is_timed_again_on_fresh_images_and_the_best_pass_counts(job
     assert not Path(job.spec.timing.retry_inputs.format(attempt=2)).exists()  # written only when asked for
     assert "timing" not in job.outcome.finished
 
+    t = time.monotonic()
     answers, _ = _attempt(job, 1, 108.0, 0.10)  # within 15 % of the fastest: enough
+    # its turn came RETRY_AFTER_S after the decision (a slow spell given time to pass), not against its limit
+    assert time.monotonic() - t >= 0.95 * RETRY_AFTER_S and job.running.paused_s() >= 0.95 * RETRY_AFTER_S
     assert answers == [P.Answer.CONTINUE, P.Answer.SKIP] and "timing" in job.outcome.finished
     o = job.outcome
     assert [a["attempt"] for a in o.timing_attempts] == [0, 1]

@@ -105,6 +105,11 @@ class Inputs:
         return calls, expected
 
 
+#: a later timing attempt waits this long for its turn (not counted against its limit): on the GPU machines a core's
+#: speed changed between samples 50 ms apart, and stayed slow for longer (results/h100-2026-11-27c)
+RETRY_AFTER_S = 1.0
+
+
 def fresh_passes(x: np.ndarray, rng: np.random.Generator, repeat: int) -> list[np.ndarray]:
     """``repeat`` copies of the images ``x`` with noise of a tenth of their spread, new for every pass and every
     job (and every attempt)."""
@@ -371,6 +376,7 @@ class GradingJob:
         self._ahead: Ahead | None = None  # ... computed while the child runs (labkit.grading.ahead)
         self._attempt, self._retry = 0, None  # the timing's attempt now, and a later attempt's answers (Ahead)
         self._turn_at = self._started = time.monotonic()
+        self._retry_at = 0.0  # a later attempt's turn is not taken before then (RETRY_AFTER_S)
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
         self.turns: Turns | None = None  # the run's turns (labkit.grading.turns): None, no other job to stop
@@ -658,6 +664,10 @@ class GradingJob:
         answers for the attempt's passes computed (nothing of the parent's runs beside its timing)."""
         for k in range(len(self._pass_images)):
             self._pass_answer(k)
+        pause = self._retry_at - time.monotonic()
+        if pause > 0:  # a later attempt: the core's slow spell given time to pass
+            with self.running.waiting() if self.running is not None else nullcontext():
+                time.sleep(pause)
         if self.turns is not None and self.running is not None:
             self.turns.acquire(self.running, WHOLE if self.alone else self.device)
         self._turn_at = time.monotonic()
@@ -687,6 +697,7 @@ class GradingJob:
         """The next attempt's images, fresh, written where the child reads them only now, and the reference's
         answers on them computed while it waits for its turn."""
         self._attempt += 1
+        self._retry_at = time.monotonic() + RETRY_AFTER_S
         self._pass_images = fresh_passes(self._timed_x, self._rng, len(self._pass_images))
         np.savez(self._retry_inputs.format(attempt=self._attempt),
                  **{f"pass{k}.x": x for k, x in enumerate(self._pass_images)})
