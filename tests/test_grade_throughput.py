@@ -427,3 +427,36 @@ def test_a_per_image_variant_not_timed_runs_on_fewer_accuracy_images(tmp_path):
     assert load_rubric().for_stage("04")["accuracy"]["per_image"] == 100  # the shipped rubric's
     with pytest.raises(RubricError, match="per_image"):
         read_rubric_text("[accuracy]\nper_image = -1\n")
+
+
+def test_a_layers_batch_sizes_share_weight_values_where_shapes_agree(plan, tmp_path, monkeypatch):
+    """A constant-memory kernel compiles once per weights (stage 06: 60 s of checks a job on an H100 with new
+    weights for every batch size): the cases of a layer share weight values where their shapes agree, each with
+    arrays of its own; the first batch size's last case keeps fresh weights (a kernel kept by shape or by id() of
+    a freed array is wrong there), and the whole network's batches keep theirs."""
+    import numpy as np
+
+    from labkit.grading.job import GradingJob
+    from labkit.grading.plan import References
+    from labkit.launch import simulator
+
+    monkeypatch.setattr(simulator, "active", lambda: False)  # a GPU's cases: real sizes, then the shrunk shapes
+    plan.measured = False
+    job = GradingJob(plan, References(), "s", plan.solution, 11, gpu=True)
+    job.build(tmp_path)
+    job._ahead.cancel()
+    layer = [c for c in job.cases.values() if c["layer"] is not None]
+    real = [c for c in layer[:-1] if not isinstance(c["batch"], simulator.Shrunk)]
+    shrunk = {int(c["batch"]): c for c in layer[:-1] if isinstance(c["batch"], simulator.Shrunk)}
+    assert len(real) >= 3 and set(shrunk) == set(simulator.BATCHES)
+
+    def same(a, b):
+        return all(np.array_equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+
+    assert all(same(c, real[0]) and c["weights"]["conv1.weight"] is not real[0]["weights"]["conv1.weight"]
+               for c in real[1:])
+    assert same(shrunk[67], shrunk[2]) and not same(shrunk[1], shrunk[3])  # (2 and 67 shrink to one shape)
+    again = layer[-1]
+    assert again["batch"] == real[0]["batch"] and not same(again, real[0])
+    nets = [c for c in job.cases.values() if c["layer"] is None]
+    assert len(nets) >= 2 and not same(nets[0], nets[1])

@@ -117,6 +117,16 @@ def fresh_passes(x: np.ndarray, rng: np.random.Generator, repeat: int) -> list[n
     return [(x + rng.normal(0.0, scale, x.shape)).astype(np.float32) for _ in range(repeat)]
 
 
+def share_weights(case, pool: dict) -> None:
+    """``case`` with copies of the weight values of an earlier case in ``pool`` whose arrays have the same names
+    and shapes (its own arrays, the same numbers); else its own weights join the pool."""
+    key = tuple((k, v.shape) for k, v in case.weights.items())
+    if key in pool:
+        case.weights = {k: v.copy() for k, v in pool[key].items()}
+    else:
+        pool[key] = case.weights
+
+
 def _graph_calls(task: tasks.Task, rng: np.random.Generator):
     """A graph's calls as ``labkit.graphs.REPLAY_PLAN`` says (made, replayed again, made for other images, for the
     other given variant, for new images of the first shape), each on fresh random images and weights, each compared:
@@ -455,12 +465,18 @@ class GradingJob:
                     # call (cached by shape) is wrong there; for a layer with weights, its arrays are put where the
                     # first call's, freed just before, were (labkit.freed): a kernel or result kept by id() of a
                     # freed array answers with the first call's
+                    # the batch sizes share weight values where their shapes agree (a GPU's real sizes): a
+                    # constant-memory kernel compiles once per weights, about a second each on an H100, and
+                    # stage 06 spent 60 s a job compiling
                     batches = plan.layer_batches(spec.target)
                     first = len(cases)
                     again = first if weighted(get_net(net_name).layer(layer_name)) else None
+                    pool: dict = {}
                     for k, b in enumerate((*batches, batches[0])):
-                        put_case(layer_case(net_name, layer_name, b, rng, target=spec.target, answers=False), vname,
-                                 b, layer_name, net_name, lands_on=again if k == len(batches) else None)
+                        case = layer_case(net_name, layer_name, b, rng, target=spec.target, answers=False)
+                        if k < len(batches):
+                            share_weights(case, pool)
+                        put_case(case, vname, b, layer_name, net_name, lands_on=again if k == len(batches) else None)
                 before = None  # each batch's weights put where the batch before's, freed, were
                 for b in plan.network_batches(spec.target):  # the layers chained by the engine, intermediates poisoned
                     case = network_case(net_name, b, rng, target=spec.target, answers=False)
