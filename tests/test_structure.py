@@ -43,7 +43,6 @@ LONG_MODULES = {
     "labkit/grading/worker.py": 898,
     "labkit/grading/job.py": 891,
     "labkit/ladder/bench.py": 711,
-    "labkit/ops/tensor_cores.py": 691,
     "labkit/course/release.py": 549,
     "labkit/cli.py": 504,
 }
