@@ -65,6 +65,7 @@ LEAVE_OUT: tuple[LeftOut, ...] = (
     _machinery("grading", "the grader"),
     _machinery("rubric.toml", "the grader's rubric"),
     _machinery("release", "building releases"),
+    _machinery("leak_search", "the release's search for solution text and left-out code"),
     _machinery("leave_out", "what releases leave out (this module)"),
     _machinery("answer_shapes", "the release's search for answers' shapes"),
 )
