@@ -244,11 +244,12 @@ def test_run_record_writes_this_versions_lines_and_never_loses_them(tmp_path, mo
 
 
 def test_version_is_one_and_the_same_everywhere():
-    from labkit import __version__, bench
+    from labkit import __version__
+    from labkit.ladder import bench_files
 
     code, out = run("--version")
     assert code == 0 and out.strip() == f"labkit, version {__version__}"
-    assert bench.versions()["labkit"] == __version__
+    assert bench_files.versions()["labkit"] == __version__
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert project["project"]["dynamic"] == ["version"] and "version" not in project["project"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "labkit.about.__version__"}
