@@ -423,7 +423,7 @@ def test_lab_names_a_notebook_that_is_there_and_starts_as_root(tmp_path, monkeyp
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: None)  # the device and data check's child
     monkeypatch.setattr(LabApp, "launch_instance", classmethod(lambda cls, argv: started.append(argv)))
     for root in (True, False):
-        monkeypatch.setattr(cli, "_is_root", lambda: root)
+        monkeypatch.setattr(cli, "is_root", lambda: root)
         code, out = run("lab", "--notebooks", str(tmp_path / "books"), "--no-browser")
         assert code == 0 and "(start with 03_managed_memory.ipynb;" in out, out
         assert ("--allow-root" in started[-1]) == root == ("Running as root" in out)
