@@ -45,7 +45,6 @@ LONG_MODULES = {
 }
 LONG_FUNCTIONS = {
     "labkit/ops/gemm.py:kernel": 70,
-    "labkit/lessons/draw.py:_figure": 69,
 }
 
 
