@@ -14,6 +14,7 @@ from .core.workloads import Workload
 from .course.stages import solutions_folder
 from .launch import device
 from .launch.device import describe
+from .lessons.lab import is_root, lab_folder
 from .measuring.ledger import Ledger, LedgerError, repo_root
 from .measuring.report import format_report, format_throughput
 from .model import data as data_mod
@@ -422,44 +423,6 @@ def release(out, upto, verify_only, commit, force):
 # ---------------------------------------------------------------------------------------------- labkit lab
 
 
-def _lab_folder() -> Path:
-    """The notebooks a student works on: ``notebooks/`` here (the clone's root), else the kit checkout's own."""
-    for folder in (Path.cwd() / "notebooks", Path(__file__).resolve().parent.parent / "notebooks"):
-        if folder.is_dir() and any(folder.glob("*.ipynb")):
-            return folder
-    raise click.ClickException("no notebooks/ folder here: run `labkit lab` in your clone of the kit (the folder "
-                               "that holds notebooks/), or name the folder with --notebooks")
-
-
-def _lab_check() -> None:
-    """What `labkit lab` says before JupyterLab starts: what the machine is and whether the data is there, each
-    with what to do about it (the same facts as the notebooks' first cell, ``lk.hello``)."""
-    d = device.info()
-    if d.kind == "gpu":
-        click.echo(f"Machine: {d.name}: the notebooks run their kernels on this GPU, timings are real.")
-    elif d.kind == "simulator":
-        click.echo("Machine: no GPU, so the notebooks run GPU kernels on numba's CUDA simulator: results are checked "
-                   "on shrunk problems, timings are not meaningful, plots show the kit's committed GPU results.")
-    else:
-        click.echo("Machine: no GPU and no CUDA simulator: only the CPU stages run (set NUMBA_ENABLE_CUDASIM=1 "
-                   "before `labkit lab` to run GPU kernels on the simulator).")
-    if d.driver is not None:  # a driver, but no working GPU stack, or one to confirm: device's own advice
-        for note in d.notes:
-            if "extra" in note or "driver" in note:
-                click.echo(f"  {note}")
-    missing = []
-    for name, ds in data_mod.DATASETS.items():
-        try:
-            click.echo(f"Data: {name} in {data_mod.shown(data_mod.find(name))}")
-        except data_mod.DataNotFound:
-            missing.append(name)
-            click.echo(f"Data: {name} is missing: run `{ds.fetch_hint}` (needs internet), or set LABKIT_DATA to a "
-                       f"folder that holds {ds.folder}/ before `labkit lab`")
-    if missing:
-        click.echo("Until then the notebooks run on synthetic inputs (accuracy n/a); `labkit data where` says where "
-                   "labkit looks.")
-
-
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--notebooks", "folder", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Folder to open (default: notebooks/ here, else the kit checkout's notebooks/).")
@@ -469,14 +432,14 @@ def lab(folder, jupyter_args):
 
     Other arguments go to JupyterLab as they are, e.g. `labkit lab --no-browser --port 8890`.
     """
-    folder = (folder or _lab_folder()).resolve()
+    folder = (folder or lab_folder()).resolve()
     books = sorted(p.name for p in folder.glob("*.ipynb"))
     if not books:
         raise click.ClickException(f"--notebooks {folder} holds no notebooks (.ipynb): name the folder that holds "
                                    f"the course's notebooks (notebooks/ in your clone of the kit)")
     first = "00_setup.ipynb" if "00_setup.ipynb" in books else books[0]
     args = list(jupyter_args)
-    if _is_root() and not any(a.startswith(("--allow-root", "--ServerApp.allow_root")) for a in args):
+    if is_root() and not any(a.startswith(("--allow-root", "--ServerApp.allow_root")) for a in args):
         click.echo("Running as root (as in many containers), which JupyterLab refuses without --allow-root: passing "
                    "it (run `labkit lab` as another user where you can).")
         args.append("--allow-root")
@@ -488,16 +451,10 @@ def lab(folder, jupyter_args):
     # Checked in a child process: probing a GPU makes a CUDA context, which the server would otherwise hold.
     import subprocess
 
-    subprocess.run([sys.executable, "-c", "from labkit.cli import _lab_check; _lab_check()"], check=False)
+    subprocess.run([sys.executable, "-c", "from labkit.lessons.lab import lab_check; lab_check()"], check=False)
     click.echo(f"Starting JupyterLab on {folder} (start with {first}; Ctrl+C stops the server).")
     sys.stdout.flush()
     LabApp.launch_instance(argv=[f"--ServerApp.root_dir={folder}", *args])
-
-
-def _is_root() -> bool:
-    import os
-
-    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from labkit import bench
 from labkit import check as check_module
+from labkit.ladder import bench_baselines, bench_files, bench_table
 from labkit.ledger import Ledger
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +61,7 @@ def benched(tmp_path_factory, cifar_data):
     out = root / "out"
     layer_checks.clear()
     with pytest.MonkeyPatch.context() as mp:  # a device with no known ceilings (the simulator; on a GPU, made so)
-        mp.setattr(bench.ceilings, "for_device", lambda name: None)
+        mp.setattr(bench_files.ceilings, "for_device", lambda name: None)
         real = check_module.check_layer
 
         def spy(fn, net, layer, **kw):
@@ -153,12 +154,12 @@ def test_slow_variants_stop_at_a_work_limit_and_say_it(tmp_path, cifar_data):
 
 def test_baseline_rows_and_files(benched):
     rows, out = benched
-    ref = _row(rows, bench.REFERENCE_STAGE, 9)
+    ref = _row(rows, bench_baselines.REFERENCE_STAGE, 9)
     assert ref["predictions_equal"] is True and 0 <= ref["accuracy"] <= 1
     ledger = Ledger(out / "ledger.jsonl")
     stages = {r.stage for r in ledger.reports()}
     cudnn = {r["stage"] for r in rows if r["variant"] == "cudnn"}  # on a GPU with PyTorch: the cuDNN baseline
-    assert stages == {"05 ok", "05 per_image", bench.REFERENCE_STAGE} | cudnn
+    assert stages == {"05 ok", "05 per_image", bench_baselines.REFERENCE_STAGE} | cudnn
     assert all(r["command"] == "pytest bench" for r in ledger.read())
     with open(out / "bench.csv", newline="") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
@@ -174,7 +175,7 @@ def test_table_speedups_are_over_the_first_timed_row_without_a_reference():
             {"stage": "b", "net": "cifar10", "images": 10, "checks": "FAIL", "skipped": "checks failed"},
             {"stage": "c", "net": "cifar10", "images": 10, "checks": "PASS", "total_s": 0.5, "conv_s": 0.25,
              "accuracy": 0.5, "predictions_equal": False, "runs": 1}]
-    lines = bench.table(rows).splitlines()
+    lines = bench_table.table(rows).splitlines()
     assert lines[0].split()[-2:] == ["=ref", "runs"] and lines[1].split()[-2:] == ["yes", "3"]
     assert "1.0x" in lines[1] and "checks failed" in lines[2] and "4.0x" in lines[3]
     assert lines[3].split()[-2:] == ["NO", "1"]  # predictions differ; the median of one run
@@ -242,13 +243,13 @@ def _fake_out(tmp_path, monkeypatch, ref_scale=100.0):
     layers = ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "conv3", "relu3", "pool3", "flatten", "fc",
               "softmax"]
     rows = []
-    for stage, target, scale in [("04 a", "gpu", 1.0), ("05 b", "gpu", 0.5), (bench.REFERENCE_STAGE, "cpu", ref_scale),
-                                 ("cuDNN (PyTorch x)", "gpu", 0.1)]:
+    for stage, target, scale in [("04 a", "gpu", 1.0), ("05 b", "gpu", 0.5),
+                                 (bench_baselines.REFERENCE_STAGE, "cpu", ref_scale), ("cuDNN (PyTorch x)", "gpu", 0.1)]:
         secs = {n: scale * (1e-3 if n.startswith("conv") else 1e-5) for n in layers}
         rep = RunReport("cifar10", 1200, secs, accuracy=0.5, device=label, simulated=False, stage=stage)
         ledger.record(rep, command="fake")
         rows.append({"stage": stage, "net": "cifar10", "images": 1200, "target": target, "checks": "-",
-                     **bench._row_numbers(rep, get_net("cifar10")), "accuracy": 0.5, "predictions_equal": True})
+                     **bench_table.row_numbers(rep, get_net("cifar10")), "accuracy": 0.5, "predictions_equal": True})
     rows.insert(1, {"stage": "04 c", "net": "cifar10", "images": 1200, "checks": "FAIL", "skipped": "checks failed"})
     return out, rows
 
@@ -260,12 +261,12 @@ def test_write_draws_layers_and_a_roofline_of_the_gpu_runs_under_known_ceilings(
     drawn = {}
     save = plots.save
     monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.name, fig) and save(fig, path))
-    bench._write(out, rows, "fake bench")
+    bench_files.write(out, rows, "fake bench")
     meta = json.loads((out / "bench.json").read_text())["meta"]
     assert meta["ceilings"]["flops"] == 60e12 and meta["ceilings"]["source"] == "datasheet" and not meta["notes"]
     assert set(drawn) == {"ladder_cifar10_1200.png", "layers_cifar10_1200.png", "roofline_cifar10_1200.png"}
     layers = drawn["layers_cifar10_1200.png"].axes[0]
-    assert [t.get_text() for t in layers.get_legend().get_texts()] == ["04 a", "05 b", bench.REFERENCE_STAGE,
+    assert [t.get_text() for t in layers.get_legend().get_texts()] == ["04 a", "05 b", bench_baselines.REFERENCE_STAGE,
                                                                       "cuDNN (PyTorch x)"]
     assert layers.get_yscale() == "log"  # the reference is 1000x cuDNN: linear bars would hide the GPU runs
     roof = drawn["roofline_cifar10_1200.png"].axes[0]
@@ -280,7 +281,7 @@ def test_the_roofline_keeps_the_fastest_run_of_each_stage_and_every_baseline():
         return RunReport("cifar10", 10, {"conv1": conv_s, "fc": 1e-4}, device="d", stage=stage)
 
     runs = [rep("05 a", 3e-3), rep("05 b", 2e-3), rep("06 c", 5e-3), rep("cuDNN (x)", 1e-3), rep("numpy reference", 1)]
-    assert [r.stage for r in bench._fastest_per_stage(runs)] == ["05 b", "06 c", "cuDNN (x)", "numpy reference"]
+    assert [r.stage for r in bench_files._fastest_per_stage(runs)] == ["05 b", "06 c", "cuDNN (x)", "numpy reference"]
 
 
 def test_a_run_above_the_ceiling_is_noted_and_refreshed_ceilings_redraw_the_plots(tmp_path, monkeypatch):
@@ -290,7 +291,7 @@ def test_a_run_above_the_ceiling_is_noted_and_refreshed_ceilings_redraw_the_plot
     fastest = max(r.get("conv_gflops") or 0 for r in rows)
     low = ceilings.Ceilings("x", 0.5 * fastest * 1e9, 3e12, "measured by labkit, 2026-01-01")
     monkeypatch.setattr(ceilings, "for_device", lambda name: low)
-    bench._write(out, rows, "fake bench")
+    bench_files.write(out, rows, "fake bench")
     meta = json.loads((out / "bench.json").read_text())["meta"]
     above = [n for n in meta["notes"] if "that ceiling is too low" in n]
     assert len(above) == sum(1 for r in rows if (r.get("conv_gflops") or 0) * 1e9 > low.flops) >= 1
@@ -298,13 +299,13 @@ def test_a_run_above_the_ceiling_is_noted_and_refreshed_ceilings_redraw_the_plot
     (out / "roofline_cifar10_1200.png").unlink()
     right = ceilings.Ceilings("x", 10 * fastest * 1e9, 3e12, "datasheet")
     monkeypatch.setattr(ceilings, "for_device", lambda name: right)
-    meta = bench.refresh_ceilings(out)
+    meta = bench_files.refresh_ceilings(out)
     assert meta == json.loads((out / "bench.json").read_text())["meta"]
     assert meta["ceilings"]["flops"] == right.flops and meta["ceilings"]["source"] == "datasheet"
     assert not [n for n in meta["notes"] if "too low" in n]
     assert any(n.startswith("ceilings replaced on ") and "(measured by labkit, 2026-01-01)" in n for n in meta["notes"])
     assert (out / "roofline_cifar10_1200.png").read_bytes()[:4] == b"\x89PNG"  # drawn again
-    assert bench.refresh_ceilings(out) == meta  # nothing more to replace
+    assert bench_files.refresh_ceilings(out) == meta  # nothing more to replace
 
 
 def test_a_stage_above_the_fma_ceiling_with_tensor_core_layers_is_noted_as_such(tmp_path, monkeypatch):
@@ -316,12 +317,12 @@ def test_a_stage_above_the_fma_ceiling_with_tensor_core_layers_is_noted_as_such(
     low = ceilings.Ceilings("x", 1.0, 3e12, "datasheet")
     monkeypatch.setattr(ceilings, "for_device", lambda name: low)
     monkeypatch.setattr(tensor_cores, "stored", lambda net, n: {"choice": {"conv1": None, "conv2": "w8 mt2 i1 f16"}})
-    bench._write(out, rows, "fake bench")
+    bench_files.write(out, rows, "fake bench")
     notes = json.loads((out / "bench.json").read_text())["meta"]["notes"]
     mine = [n for n in notes if n.startswith("05 b ")]
     assert len(mine) == 1 and "its conv2 ran on the tensor cores" in mine[0] and "too low" not in mine[0]
     assert "that ceiling is too low" in next(n for n in notes if n.startswith("cuDNN"))
-    assert bench.refresh_ceilings(out)["notes"] == notes
+    assert bench_files.refresh_ceilings(out)["notes"] == notes
 
 
 def test_write_keeps_linear_bars_when_runs_are_close_and_survives_a_failing_plot(tmp_path, monkeypatch):
@@ -330,7 +331,7 @@ def test_write_keeps_linear_bars_when_runs_are_close_and_survives_a_failing_plot
     out, rows = _fake_out(tmp_path, monkeypatch, ref_scale=2.0)
     drawn = {}
     monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.name, fig))
-    bench._write(out, rows, "fake bench")
+    bench_files.write(out, rows, "fake bench")
     assert drawn["layers_cifar10_1200.png"].axes[0].get_yscale() == "linear"
 
     def broken(*args, **kwargs):
@@ -339,7 +340,7 @@ def test_write_keeps_linear_bars_when_runs_are_close_and_survives_a_failing_plot
     monkeypatch.setattr(plots, "roofline_runs", broken)
     (out / "bench.json").unlink()
     drawn.clear()
-    bench._write(out, rows, "fake bench")
+    bench_files.write(out, rows, "fake bench")
     assert json.loads((out / "bench.json").read_text())["rows"] == json.loads(json.dumps(rows, default=str))
     assert set(drawn) == {"ladder_cifar10_1200.png", "layers_cifar10_1200.png"}
 
@@ -373,7 +374,7 @@ def test_benchdoc_renders_the_ladder_of_a_bench_folder(benched, tmp_path):
     assert f"## {meta['device']}: `out`" in text and f"- date: {meta['date']}" in text
     assert "- command: `pytest bench`" in text and f"numba-cuda {meta['versions']['numba-cuda']}" in text
     assert "roofline skipped" in text and "none recorded for this device" in text
-    ref = {n: _row(rows, bench.REFERENCE_STAGE, n)["total_s"] for n in (5, 9)}
+    ref = {n: _row(rows, bench_baselines.REFERENCE_STAGE, n)["total_s"] for n in (5, 9)}
     for n in (5, 9):
         section = text.split(f"### cifar10, {n} images")[1].split("###")[0]
         table = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
@@ -406,7 +407,7 @@ def test_benchdoc_roofline_verdict_and_peak_from_recorded_ceilings(tmp_path, mon
     from labkit import benchdoc
 
     out, rows = _fake_out(tmp_path, monkeypatch)
-    bench._write(out, rows, f"labkit bench --out {out} --notebooks {bench.repo_root() / 'solutions'}")
+    bench_files.write(out, rows, f"labkit bench --out {out} --notebooks {bench.repo_root() / 'solutions'}")
     doc = tmp_path / "docs" / "B.md"
     text = benchdoc.render([out, out], doc, tmp_path / "docs" / "img")
     assert "60.0 TFLOP/s fp32, 3.00 TB/s, ridge at 20.0 FLOP/byte (datasheet)" in text
@@ -419,7 +420,8 @@ def test_benchdoc_roofline_verdict_and_peak_from_recorded_ceilings(tmp_path, mon
     verdict = "compute-bound" if intensity > 20 else "memory-bound"
     line = next(x for x in text.splitlines() if x.startswith("- cifar10, 1200 images, **05**"))
     assert verdict in line and f"ridge at {20:.3g}" in line
-    line = next(x for x in text.splitlines() if x.startswith(f"- cifar10, 1200 images, **{bench.REFERENCE_STAGE}**"))
+    reference = bench_baselines.REFERENCE_STAGE
+    line = next(x for x in text.splitlines() if x.startswith(f"- cifar10, 1200 images, **{reference}**"))
     assert "on the CPU" in line and "bound" not in line.split("does not")[0]
     line = next(x for x in text.splitlines() if x.startswith("| cuDNN (PyTorch x) |"))
     assert line.split(" | ")[8] == "1"  # time over cuDNN's own
@@ -465,19 +467,20 @@ def test_cudnn_precision_is_one_of_the_three_paths_or_the_peer():
 
 def test_append_keeps_earlier_rows_and_a_failing_folder_loses_nothing(tmp_path, monkeypatch, capsys):
     out, rows = _fake_out(tmp_path, monkeypatch)
-    monkeypatch.setattr(bench, "_plots", lambda *args: None)  # the tables are what is checked here
-    assert bench._write(out, rows, "first bench") == out
+    monkeypatch.setattr(bench_files, "_plots", lambda *args: None)  # the tables are what is checked here
+    assert bench_files.write(out, rows, "first bench") == out
     again = [dict(rows[2], total_s=rows[2]["total_s"] / 2)]  # "05 b" measured again, faster
-    bench._write(out, again, "second bench", append=True)
+    bench_files.write(out, again, "second bench", append=True)
     data = json.loads((out / "bench.json").read_text())
-    assert [r["stage"] for r in data["rows"]] == ["04 a", "04 c", bench.REFERENCE_STAGE, "cuDNN (PyTorch x)", "05 b"]
+    assert [r["stage"] for r in data["rows"]] == ["04 a", "04 c", bench_baselines.REFERENCE_STAGE, "cuDNN (PyTorch x)",
+                                                  "05 b"]
     assert data["rows"][-1]["total_s"] == rows[2]["total_s"] / 2
     assert data["meta"]["command"] == "second bench" and data["meta"]["earlier"][0]["command"] == "first bench"
     assert "05 b" in (out / "summary.md").read_text() and "04 a" in (out / "summary.md").read_text()
 
     (out / "bench.json").unlink()
     (out / "bench.json").mkdir()  # the write now fails, as on a full disk or a folder gone read-only
-    where = bench._write(out, rows, "third bench")
+    where = bench_files.write(out, rows, "third bench")
     assert where != out and json.loads((where / "bench.json").read_text())["meta"]["command"] == "third bench"
     assert (where / "ledger.jsonl").read_text() == (out / "ledger.jsonl").read_text()
     assert f"wrote them to {where} instead" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from labkit import bench, bench_whole, benchdoc, device, gpu, weights_io
+from labkit.ladder import bench_table
 
 FUNCTIONS = '''
 import numpy as np
@@ -147,7 +148,7 @@ def test_floor_is_the_nets_flops_at_the_fp32_peak(monkeypatch):
 
 def test_table_summary_and_page_show_the_new_columns(benched, tmp_path):
     rows, out = benched
-    text = bench.table(rows)
+    text = bench_table.table(rows)
     header = text.splitlines()[0].split()
     assert header[:9] == ["stage", "net", "images", "check", "total", "s", "whole", "s", "conv"]
     assert "end to end: uint8 images on the host to classes on the host" in text

@@ -244,11 +244,12 @@ def test_run_record_writes_this_versions_lines_and_never_loses_them(tmp_path, mo
 
 
 def test_version_is_one_and_the_same_everywhere():
-    from labkit import __version__, bench
+    from labkit import __version__
+    from labkit.ladder import bench_files
 
     code, out = run("--version")
     assert code == 0 and out.strip() == f"labkit, version {__version__}"
-    assert bench.versions()["labkit"] == __version__
+    assert bench_files.versions()["labkit"] == __version__
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert project["project"]["dynamic"] == ["version"] and "version" not in project["project"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "labkit.about.__version__"}
@@ -422,7 +423,7 @@ def test_lab_names_a_notebook_that_is_there_and_starts_as_root(tmp_path, monkeyp
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: None)  # the device and data check's child
     monkeypatch.setattr(LabApp, "launch_instance", classmethod(lambda cls, argv: started.append(argv)))
     for root in (True, False):
-        monkeypatch.setattr(cli, "_is_root", lambda: root)
+        monkeypatch.setattr(cli, "is_root", lambda: root)
         code, out = run("lab", "--notebooks", str(tmp_path / "books"), "--no-browser")
         assert code == 0 and "(start with 03_managed_memory.ipynb;" in out, out
         assert ("--allow-root" in started[-1]) == root == ("Running as root" in out)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import labkit as lk
-from labkit import bench, cudnn, reference
+from labkit import cudnn, reference
+from labkit.ladder import bench_baselines
 
 
 def _why_not() -> str:
@@ -36,7 +37,7 @@ def test_a_peer_that_fails_is_one_line_in_its_row(monkeypatch):
 
     monkeypatch.setattr(cudnn, "time_forward", broken)
     wl = lk.workload("cifar10", 2, target="cpu", weights=lk.random_weights("cifar10", 0), quiet=True)
-    row = bench._peer(wl, 2, np.zeros(2, np.int64), None, "c", 1)
+    row = bench_baselines._peer(wl, 2, np.zeros(2, np.int64), None, "c", 1)
     assert row["variant"] == "cudnn_peer" and row["error"] == "RuntimeError: cuDNN: no algorithm"
     assert row["stage"].endswith(", fp16, channels_last") and "whole_call_s" not in row
 

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import labkit as lk
 from labkit import bench, check, data, device, gpu, reference, report, simulator, workloads
 from labkit.cli import main
+from labkit.ladder import bench_baselines
 from labkit.layers import impl_for
 from labkit.nets import ECE408, FASHION, NETS
 from labkit.weights_io import (MXNET_NAMES, NOT_SHIPPED, course_weights, load_mxnet_params, load_weights,
@@ -463,7 +464,8 @@ def test_bench_runs_a_stages_fashion_kernels_on_ece408(params_file, fashion_root
     assert timed["predictions_equal"] is True
     (left_out,) = [r for r in rows if r["stage"] == "05 tiled_16"]
     assert left_out["skipped"] == "left out by --skip"
-    (ref,) = [r for r in rows if r["stage"] == bench.REFERENCE_STAGE]  # real ece408, the course's weights, real images
+    # real ece408, the course's weights, real images
+    (ref,) = [r for r in rows if r["stage"] == bench_baselines.REFERENCE_STAGE]
     assert ref["workload"].startswith("ece408: 2 fashion test images from $LABKIT_DATA") and ref["accuracy"] is not None
     assert (tmp_path / "out" / "bench.csv").read_text().count("ece408") == len(rows)
 

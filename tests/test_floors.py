@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from labkit import bench, bench_whole, benchdoc, ceilings, floors, layers, tensor_cores, tune
+from labkit import bench_whole, benchdoc, ceilings, floors, layers, tensor_cores, tune
+from labkit.ladder import bench_table
 from labkit.nets import Layer, get_net
 from labkit.stages import Variant
 
@@ -232,7 +233,7 @@ def _rows():
 def test_the_table_and_the_page_show_the_limit_beside_the_fp32_floor_and_the_peers(tmp_path):
     rows = _rows()
     stage10 = rows[0]
-    text = bench.table(rows)
+    text = bench_table.table(rows)
     assert "%limit" in text.splitlines()[0]
     line = next(x for x in text.splitlines() if x.startswith("10 whole_cifar10"))
     assert f"{100 * stage10['limit_fraction']:.1f}" in line.split()

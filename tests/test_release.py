@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from labkit import given, release, stages
 from labkit.cli import main
+from labkit.course import leak_search
 
 REPO = Path(__file__).resolve().parent.parent
 MILESTONE = "05"
@@ -98,7 +99,7 @@ def test_one_line_of_a_stage_in_the_kits_python_is_not_a_leak_two_are(built):
     text = kit_file.read_text()
     # a stage none of whose lines the file holds already (it shares "if n < N and o < OUT:" with stage 10's
     # task 1: one more line of that stage is its second, which counts), two of its lines, by a fixed choice
-    held = {release._norm(line) for line in text.splitlines()}
+    held = {leak_search._norm(line) for line in text.splitlines()}
     own = {n: sorted(line for line in result.secrets.lines[n] if table[line] == n) for n in result.secrets.lines}
     free = [n for n in sorted(own) if len(own[n]) >= 2 and not held & set(own[n])]
     assert free, "every stage already has a line in labkit/ops/kernels.py: plant into another kit file"
@@ -194,7 +195,7 @@ def test_an_earlier_milestone_onto_a_later_release_is_refused_unless_forced(tmp_
     def reached(repo):
         raise release.ReleaseError("went on to build")
 
-    monkeypatch.setattr(release, "_make_student", reached)
+    monkeypatch.setattr(release, "make_student", reached)
     got = CliRunner().invoke(main, ["release", str(out), "--upto", "06", "--force"])
     assert got.exit_code != 0 and "went on to build" in got.output, got.output
 

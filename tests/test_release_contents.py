@@ -215,8 +215,11 @@ def test_each_release_leaves_out_what_answers_its_tasks_and_ships_what_later_one
         held = files[milestone]
         assert "labkit/course/given.py" in held and "labkit/ops/kernels.py" in held and "labkit/core/graphs.py" in held
         assert not [f for f in held if f.startswith("labkit/grading/") or f.endswith(("/bench.py", "/release.py"))]
+        assert not [f for f in held if f.endswith(("/bench_baselines.py", "/bench_files.py", "/bench_table.py",
+                                                   "/leak_search.py"))]
         assert not [f for f in held if f.endswith(("/gemm.py", "/gemm_cuda.py", "/bench_whole.py"))]
         assert ("labkit/ops/tensor_cores.py" in held) == (milestone == "10")  # notebook 10's variants use it
+        assert ("labkit/ops/tensor_cores_source.py" in held) == (milestone == "10")  # and its CUDA C with it
         assert ("labkit/core/whole.py" in held) == (milestone >= "05")
 
 

@@ -20,7 +20,8 @@ import pytest
 matplotlib.use("Agg")
 
 import labkit as lk  # noqa: E402
-from labkit import access, draw, nbcells  # noqa: E402
+from labkit import access, nbcells  # noqa: E402
+from labkit.lessons import chosen_threads  # noqa: E402
 
 import tool_modules  # noqa: E402  (tests/ is on the path)
 
@@ -61,7 +62,7 @@ def test_recording_has_roles_epochs_and_the_windows_of_the_tiled_kernel(tiled05)
     assert (out[:, 9] == 1).all() and (out[:, 8] == 4).all()
     assert sorted(out[:, 1].tolist()) == list(range(12 * 12)), "every output element written once"
     # thread (tx 1, ty 2) of block 3 (the bottom-right tile) reads tile[2..6, 1..5] in epochs 1 and 3
-    mask, _, who = draw.select(launch, 3, (1, 2))
+    mask, _, who = chosen_threads.select(launch, 3, (1, 2))
     assert who == "thread (1, 2) of block 3"
     mine = rows[mask]
     tile = mine[(mine[:, 0] == names.index("tile")) & (mine[:, 9] == 0)]
@@ -75,7 +76,7 @@ def test_recording_has_roles_epochs_and_the_windows_of_the_tiled_kernel(tiled05)
     patch = sorted(r * 12 + c for r in range(6, 12) for c in range(6, 12))
     assert sorted(set(blk[blk[:, 8] == 0, 1].tolist())) == patch
     assert sorted(set(blk[blk[:, 8] == 2, 1].tolist())) == [144 + f for f in patch]
-    counts = draw.per_thread_counts(launch, mask)
+    counts = chosen_threads.per_thread_counts(launch, mask)
     assert counts["shared load"] == 2 * 2 * 25 and counts["global store"] == 1
     assert access.first_wrong(tiled05) is None
     assert access.writer(tiled05, launch, (0, 0, 9, 10)) == ((3, 0, 0), (2, 1, 0))
@@ -88,8 +89,8 @@ def test_warp_addresses_tell_uniform_from_divergent_constant_reads():
     uniform = access.record_here(s06.conv_const_uniform, case).launch("conv_const_kernel")
     divergent = access.record_here(s06.conv_const_divergent, case).launch("conv_const_kernel")
     for launch, want in ((uniform, 1), (divergent, 4)):
-        mask, _, _ = draw.select(launch, 0, warp=0)
-        assert draw.warp_addresses(launch, mask) == want
+        mask, _, _ = chosen_threads.select(launch, 0, warp=0)
+        assert chosen_threads.warp_addresses(launch, mask) == want
         assert launch.arrays["wc"] == {"kind": "constant", "shape": [4, 2, 5, 5], "role": "weights"}
 
 
@@ -372,7 +373,7 @@ def test_cuda_c_is_recorded_on_the_cpu_emulation_as_numba_is_on_the_simulator():
     picked = []
     for rec, kernel in ((c, "conv_const_c"), (numba, "conv_const_kernel")):
         launch = rec.launch(kernel)
-        mask, _, _ = draw.select(launch, *access.selection(rec, launch, (0, 1, 3, 2)))
+        mask, _, _ = chosen_threads.select(launch, *access.selection(rec, launch, (0, 1, 3, 2)))
         rows = launch.rows[mask]
         picked.append({(launch.arrays[launch.names[a]]["kind"], launch.arrays[launch.names[a]]["role"], f, st)
                        for a, f, st in rows[:, [0, 1, 9]].tolist()})  # c_w is numba's wc: by kind and role

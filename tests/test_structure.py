@@ -42,16 +42,9 @@ LATE_IMPORTS: dict[tuple[str, str], str] = {
 LONG_MODULES = {
     "labkit/grading/worker.py": 898,
     "labkit/grading/job.py": 891,
-    "labkit/ladder/bench.py": 711,
-    "labkit/ops/tensor_cores.py": 691,
-    "labkit/course/release.py": 549,
-    "labkit/cli.py": 504,
 }
 LONG_FUNCTIONS = {
-    "labkit/ladder/bench.py:bench": 141,
     "labkit/ops/gemm.py:kernel": 70,
-    "labkit/lessons/draw.py:_figure": 69,
-    "labkit/course/release.py:_readme": 62,
 }
 
 

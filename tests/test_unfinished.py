@@ -10,6 +10,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from labkit import bench, benchdoc, unfinished
+from labkit.ladder import bench_files
 
 KERNELS = '''
 import labkit as lk
@@ -53,13 +54,13 @@ def _bench(books, out):
 def test_the_marker_is_there_while_the_bench_runs_and_gone_once_bench_json_is_written(books, tmp_path, monkeypatch):
     out = tmp_path / "out"
     seen = []
-    write = bench._write
+    write = bench_files.write
 
     def watched(folder, *args, **kw):
         seen.append((folder / unfinished.MARKER).read_text())
         return write(folder, *args, **kw)
 
-    monkeypatch.setattr(bench, "_write", watched)
+    monkeypatch.setattr(bench_files, "write", watched)
     rows = _bench(books, out)
     assert [r["variant"] for r in rows] == ["first", "second"] and all("total_s" in r for r in rows)
     assert len(seen) == 1 and seen[0].startswith("`pytest cut off`, started ") and unfinished.WHY in seen[0]
@@ -100,16 +101,16 @@ def test_the_page_refuses_a_marked_folder_and_force_clears_the_marker(books, tmp
 def test_a_bench_cut_off_while_plotting_is_finished_and_its_plots_can_be_redrawn(books, tmp_path, monkeypatch):
     out = tmp_path / "out"
     drawn = []
-    plots = bench._plots
+    plots = bench_files._plots
 
     def cut(*a, **kw):
         raise KeyboardInterrupt  # the step limit, while the plots are drawn: every row is in bench.json already
 
-    monkeypatch.setattr(bench, "_plots", cut)
+    monkeypatch.setattr(bench_files, "_plots", cut)
     with pytest.raises(KeyboardInterrupt):
         _bench(books, out)
     assert (out / "bench.json").is_file() and not (out / unfinished.MARKER).exists()
     assert [r["variant"] for r in json.loads((out / "bench.json").read_text())["rows"]] == ["first", "second"]
-    monkeypatch.setattr(bench, "_plots", lambda *a: (drawn.append(a), plots(*a)))
-    bench.refresh_plots(out)
+    monkeypatch.setattr(bench_files, "_plots", lambda *a: (drawn.append(a), plots(*a)))
+    bench_files.refresh_plots(out)
     assert len(drawn) == 1 and drawn[0][0] == out

@@ -47,8 +47,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import labkit as lk  # noqa: E402  (sets up numba: the simulator when there is no GPU)
-from labkit import (bench, data, device, gpu, reference, simulator, stages, streams, timing, upload,  # noqa: E402
+from labkit import (data, device, gpu, reference, simulator, stages, streams, timing, upload,  # noqa: E402
                     whole)
+from labkit.ladder import bench_files  # noqa: E402
 
 CHUNKS = (2500, 5000, 10000, 25000, 50000)
 STREAMS = (1, 2, 4)
@@ -360,7 +361,7 @@ def main(argv=None) -> int:
                     "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "command": "python3 tools/end_to_end_grid.py " + " ".join(argv if argv is not None else
                                                                               sys.argv[1:]),
-                    "versions": bench.versions(), "cliff": CLIFF}
+                    "versions": bench_files.versions(), "cliff": CLIFF}
     log(f"end_to_end_grid on {result['device']}", lines)
 
     count_compiles()

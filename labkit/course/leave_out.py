@@ -53,17 +53,22 @@ LEAVE_OUT: tuple[LeftOut, ...] = (
     _answers("job_graphs", "10", "captures a chunk's forward pass in a CUDA graph and replays it (stage 10's task 2)"),
     _answers("tensor_cores", "09", "a conv as an implicit GEMM with staged inputs and weights, register sums and a "
                                    "fused bias, activation and pool, in CUDA C (stages 08 and 09's tasks)"),
+    _answers("tensor_cores_source", "09", "the CUDA C source of tensor_cores' conv (stages 08 and 09's tasks)"),
     _answers("winograd", "09", "a conv whose threads keep a pool window's sums for several maps in registers and "
                                "pool them, in CUDA C (stage 09's tasks)"),
     _answers("upload", "04", "uint8 images normalised on the device (stage 04's task 3)"),
     _answers("whole", "04", "uint8 images uploaded, normalised and classified on the device (stage 04's task 3)"),
     _machinery("bench", "the bench: the kit's ladders and ledgers"),
+    _machinery("bench_baselines", "the bench's numpy reference and cuDNN rows"),
+    _machinery("bench_files", "the files and plots a bench writes"),
+    _machinery("bench_table", "the bench's rows as numbers and as a table"),
     _machinery("bench_whole", "the bench's whole-call and end-to-end rows"),
     _machinery("benchdoc", "the bench's pages of docs"),
     _machinery("cudnn", "the bench's cuDNN and cuBLAS baselines"),
     _machinery("grading", "the grader"),
     _machinery("rubric.toml", "the grader's rubric"),
     _machinery("release", "building releases"),
+    _machinery("leak_search", "the release's search for solution text and left-out code"),
     _machinery("leave_out", "what releases leave out (this module)"),
     _machinery("answer_shapes", "the release's search for answers' shapes"),
 )

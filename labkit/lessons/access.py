@@ -167,8 +167,8 @@ def writer(rec: Recording, launch: Launch, element) -> tuple | None:
 
 
 def selection(rec: Recording, launch: Launch, element=None, block=None, thread=None, warp=None) -> tuple:
-    """(block, thread, warp) for ``labkit.draw.select``: as given (each within the launch, or refused in one line
-    naming the valid range), else the thread that writes ``element``."""
+    """(block, thread, warp) for ``labkit.lessons.chosen_threads.select``: as given (each within the launch, or
+    refused in one line naming the valid range), else the thread that writes ``element``."""
     if block is not None or thread is not None or warp is not None:
         _in_range(block or 0, launch.grid, "block", "grid")
         if thread is not None:

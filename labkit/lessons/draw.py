@@ -5,7 +5,8 @@ One colour per role (what an array holds), the same in every stage: the input is
 ``x``, a shared tile, stage 07's unrolled matrix is the input rearranged: teal), the weights green (global, shared or
 constant), the bias brown, the output red. A panel shows one array in one epoch: the chosen threads' reads in the
 full colour, writes with a black cross, what the rest of their block touched in that epoch pale. A 4-D array is a
-grid of planes (rows: its first axis, columns: its second), a 3-D array a row of planes.
+grid of planes (rows: its first axis, columns: its second), a 3-D array a row of planes. Which threads are chosen,
+and their counts, is ``labkit.lessons.chosen_threads``'.
 """
 
 from __future__ import annotations
@@ -13,83 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from .access import ROLES, Launch
+from .chosen_threads import KINDS, per_thread_counts, select, warp_addresses
 
 COLOURS = {"input": "#1f77b4", "weights": "#2ca02c", "bias": "#8c564b", "buffer": "#17becf", "output": "#d62728"}
-KINDS = ("global load", "global store", "shared load", "shared store", "constant load")
 WIDTH = 9.0  # inches: a notebook's width
 MISSED, EXTRA = "#ff00ff", "#000000"  # "yours vs the spec": what the spec reads and yours does not, and the reverse
-
-
-# ------------------------------------------------------------------------------------------- selections
-
-
-def select(launch: Launch, block=0, thread=None, warp=None) -> tuple[np.ndarray, np.ndarray, str]:
-    """(mask of the chosen threads' accesses, mask of their block's accesses, a label). ``block``/``thread``: an
-    int (flat index) or an (x, y, z) tuple; ``warp``: a warp number in the block; neither: the whole block."""
-    rows = launch.rows
-    b = _dims(block, launch.grid)
-    in_block = (rows[:, 2] == b[0]) & (rows[:, 3] == b[1]) & (rows[:, 4] == b[2])
-    bl = _show_dims(b)
-    if thread is not None:
-        t = _dims(thread, launch.block)
-        sel = in_block & (rows[:, 5] == t[0]) & (rows[:, 6] == t[1]) & (rows[:, 7] == t[2])
-        return sel, in_block, f"thread {_show_dims(t)} of block {bl}"
-    if warp is not None:
-        bx, by, _ = launch.block
-        linear = rows[:, 5] + bx * (rows[:, 6] + by * rows[:, 7])
-        sel = in_block & (linear // 32 == int(warp))
-        return sel, in_block, f"warp {warp} of block {bl} (threads {32 * warp}..{32 * warp + 31})"
-    return in_block, in_block, f"block {bl} ({int(np.prod(launch.block))} threads)"
-
-
-def _dims(d, shape) -> tuple[int, int, int]:
-    if isinstance(d, (int, np.integer)):
-        return tuple(int(v) for v in np.unravel_index(int(d), tuple(shape)[::-1])[::-1])  # x fastest
-    d = tuple(int(v) for v in d) + (0, 0, 0)
-    return d[:3]
-
-
-def _show_dims(d) -> str:
-    d = tuple(d)
-    while len(d) > 1 and d[-1] == 0:
-        d = d[:-1]
-    return "(" + ", ".join(map(str, d)) + ")" if len(d) > 1 else str(d[0])
-
-
-def per_thread_counts(launch: Launch, mask: np.ndarray) -> dict[str, int]:
-    """Loads and stores of each kind among the accesses ``mask`` picks, for the busiest thread among them."""
-    rows = launch.rows[mask]
-    if not len(rows):
-        return {k: 0 for k in KINDS}
-    kind_of = np.array([launch.arrays[n]["kind"] for n in launch.names])[rows[:, 0]]
-    _, owner = np.unique(rows[:, 2:8], axis=0, return_inverse=True)
-    owner = owner.ravel()
-    out = {}
-    for kind in KINDS:  # an atomic add's read is part of its one store, not a load of its own
-        mem, op = kind.split()
-        pick = (kind_of == mem) & (rows[:, 9] == (op == "store")) & ((op == "store") | (rows[:, 10] == 0))
-        out[kind] = int(np.bincount(owner[pick]).max()) if pick.any() else 0
-    return out
-
-
-def warp_addresses(launch: Launch, mask: np.ndarray, memory: str = "constant") -> int:
-    """The most distinct addresses one warp-wide load of ``memory`` asks for: the k-th load of every thread of a
-    warp is one load instruction; constant memory serves one address per step and serializes the rest."""
-    rows = launch.rows[mask & (launch.rows[:, 9] == 0)]
-    kind_of = np.array([launch.arrays[n]["kind"] for n in launch.names])[rows[:, 0]] if len(rows) else []
-    rows = rows[np.asarray(kind_of) == memory] if len(rows) else rows
-    if not len(rows):
-        return 0
-    bx, by, _ = launch.block
-    linear = rows[:, 5] + bx * (rows[:, 6] + by * rows[:, 7])
-    steps: dict = {}
-    seen: dict = {}
-    for r, lin in zip(rows, linear):
-        thread = (r[2], r[3], r[4], lin)
-        k = seen.get(thread, 0)
-        seen[thread] = k + 1
-        steps.setdefault((r[2], r[3], r[4], lin // 32, k), set()).add((r[0], r[1]))
-    return max(len(v) for v in steps.values())
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -377,22 +306,9 @@ GAP = 1.5  # cells between two panels
 
 def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     room = WIDTH - LABEL_IN - 0.1
-    bands = []  # (launch, rows..., who, marks, epochs, skipped, columns, sizes): a stack item's arrays, a line each
-    for launch, sel, ctx, who, marks in stack:
-        sel_rows, ctx_rows = launch.rows[sel], launch.rows[ctx & ~sel]
-        epochs, skipped = _epochs(sel_rows, launch.rows[ctx], most_epochs, {e for _, e in (marks or {})})
-        cols = _columns(launch, ctx)
-        sizes = [mosaic(launch.arrays[n]["shape"])[:2] for n in cols]
-        for k, part in enumerate(_lines(list(zip(cols, sizes)), room)):
-            ids = [launch.names.index(c) for c, _ in part]
-            touched = set(sel_rows[np.isin(sel_rows[:, 0], ids), 8].tolist()) | set(
-                ctx_rows[np.isin(ctx_rows[:, 0], ids), 8].tolist()) | {ALL}
-            bands.append((launch, sel_rows, ctx_rows, (who + (f"   ({skipped})" if skipped else "")) if k == 0
-                          else "", marks, [e for e in epochs if e in touched or (k == 0 and e == ALL)],
-                          [c for c, _ in part], [z for _, z in part]))
+    bands = _bands(stack, most_epochs, room)
     # one cell size for the whole figure, so that a tile and the image it comes from compare by eye; an array
     # taller than a panel may be (an unrolled matrix) gets smaller cells of its own
     cell = min(_fit(b[7], room) for b in bands)
@@ -431,6 +347,38 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
             y -= eh
     base = note_in
     _count_table(fig, height, stack, budget, compare, heads, base)
+    _legend(fig, stack, compare, base, height)
+    fig.text(0.1 / WIDTH, 1 - 0.08 / height, title, fontsize=9.5, va="top")
+    if note:
+        fig.text(0.1 / WIDTH, 0.06 / height, note, fontsize=7.5, va="bottom")
+    return fig
+
+
+def _bands(stack, most_epochs, room) -> list[tuple]:
+    """(launch, rows..., who, marks, epochs, skipped, columns, sizes): a stack item's arrays, a line each (its
+    arrays on several lines where they do not fit the width)."""
+    bands = []
+    for launch, sel, ctx, who, marks in stack:
+        sel_rows, ctx_rows = launch.rows[sel], launch.rows[ctx & ~sel]
+        epochs, skipped = _epochs(sel_rows, launch.rows[ctx], most_epochs, {e for _, e in (marks or {})})
+        cols = _columns(launch, ctx)
+        sizes = [mosaic(launch.arrays[n]["shape"])[:2] for n in cols]
+        for k, part in enumerate(_lines(list(zip(cols, sizes)), room)):
+            ids = [launch.names.index(c) for c, _ in part]
+            touched = set(sel_rows[np.isin(sel_rows[:, 0], ids), 8].tolist()) | set(
+                ctx_rows[np.isin(ctx_rows[:, 0], ids), 8].tolist()) | {ALL}
+            bands.append((launch, sel_rows, ctx_rows, (who + (f"   ({skipped})" if skipped else "")) if k == 0
+                          else "", marks, [e for e in epochs if e in touched or (k == 0 and e == ALL)],
+                          [c for c, _ in part], [z for _, z in part]))
+    return bands
+
+
+def _legend(fig, stack, compare, base, height) -> None:
+    """The roles' colours of the arrays in the figure, pale and written, and in a comparison what each square
+    means."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
     handles = [Patch(facecolor=COLOURS[r], label=r) for r in ROLES if any(
         launch.arrays[n]["role"] == r for launch, *_ in stack for n in launch.names)]
     handles.append(Patch(facecolor=_pale(_rgb(COLOURS["input"])), label="pale: the rest of its block"))
@@ -440,10 +388,6 @@ def _figure(stack, title, budget, most_epochs, note, heads, compare=False):
             (MISSED, "the spec (its block) reads, yours not"), (EXTRA, "yours (your block) reads, the spec not"))]
     fig.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, (base + 0.02) / height),
                fontsize=7.5, frameon=False, ncols=2)
-    fig.text(0.1 / WIDTH, 1 - 0.08 / height, title, fontsize=9.5, va="top")
-    if note:
-        fig.text(0.1 / WIDTH, 0.06 / height, note, fontsize=7.5, va="bottom")
-    return fig
 
 
 def _tex(name: str) -> str:

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import access, cpu_threads, timeline
+from . import access, chosen_threads, cpu_threads, timeline
 from . import scene_cases as cases
-from . import draw
 from ..core.counts import _notebook_for
 from ..course import nbcells, tasks
 from ..launch import simulator
@@ -328,7 +327,7 @@ def spec_json(scene: Scene, recordings) -> dict:
         launch = item.launch(scene.kernel)
         sel = selection(scene, item, launch)
     
-        _, ctx, _ = draw.select(launch, *sel)
+        _, ctx, _ = chosen_threads.select(launch, *sel)
         rows = launch.rows[ctx]
         rows = rows[np.lexsort(rows[:, 7:1:-1].T)]  # by thread (stable: each thread's own order kept, which the
         # simulator's interleaving of threads is not)
@@ -381,12 +380,12 @@ def digest(scene: Scene, recordings) -> dict:
                  "arrays": launch.arrays, "accesses": int(len(rows)),
                  "sha256": hashlib.sha256(rows.astype(np.int64).tobytes()).hexdigest()}
         if scene.kind != "cpu":
-            mask, _, who = draw.select(launch, *selection(scene, item, launch))
+            mask, _, who = chosen_threads.select(launch, *selection(scene, item, launch))
             chosen = {}
             for r in launch.rows[mask]:
                 chosen.setdefault(f"epoch {r[8]} {'writes' if r[9] else 'reads'} {launch.names[r[0]]}",
                                   set()).add(int(r[1]))
-            entry.update(chosen=who, chosen_counts=draw.per_thread_counts(launch, mask),
+            entry.update(chosen=who, chosen_counts=chosen_threads.per_thread_counts(launch, mask),
                          chosen_elements={k: sorted(v) for k, v in sorted(chosen.items())})
         d["launches"].append(entry)
     d["spec"] = spec_json(scene, recordings)

@@ -25,7 +25,7 @@ from ..course import tasks
 from ..course.stages import STUB_MARK, Variant, from_stage
 from ..model.layers import impl_for
 from ..model.nets import get_net
-from . import access, cpu_threads, draw, scenes, timeline
+from . import access, chosen_threads, cpu_threads, draw, scenes, timeline
 
 
 def show(fn, net: str = "cifar10", layer: str = "conv2", *, element=None, block=None, thread=None, warp=None,
@@ -266,8 +266,8 @@ def _compare(rec, launch, ref, ref_launch, element, target, budget, most_epochs,
     mine = access.writer(rec, launch, element)
     theirs = access.writer(ref, ref_launch, element)
     where = "out[" + ", ".join(map(str, element)) + "]"
-    note = (f"No thread of yours wrote {where}: drawn is your thread {draw._show_dims(mine[1]) if mine else '0'} of "
-            f"block 0. " if mine is None else "")
+    note = (f"No thread of yours wrote {where}: drawn is your thread "
+            f"{chosen_threads.show_dims(mine[1]) if mine else '0'} of block 0. " if mine is None else "")
     return draw.compare_figure(launch, ref_launch, mine or (0, 0), theirs or (0, 0),
                                title=title or f"{target['name']}: the thread that writes {where}, yours vs the spec",
                                budget=budget, most_epochs=most_epochs, note=note + _note(rec))
@@ -275,8 +275,8 @@ def _compare(rec, launch, ref, ref_launch, element, target, budget, most_epochs,
 
 def _title(rec, launch, target) -> str:
     c = rec.case
-    return (f"{target['name']} → {launch.kernel}: grid {draw._show_dims(launch.grid)}, block "
-            f"{draw._show_dims(launch.block)}; input {c['N']}×{c['C']}×{c['H']}×{c['W']}, {c['M']} maps of "
+    return (f"{target['name']} → {launch.kernel}: grid {chosen_threads.show_dims(launch.grid)}, block "
+            f"{chosen_threads.show_dims(launch.block)}; input {c['N']}×{c['C']}×{c['H']}×{c['W']}, {c['M']} maps of "
             f"{c['K']}×{c['K']}, pad {c['pad']}" + (f", pool {c['pool']}" if c.get("pool") else ""))
 
 
