@@ -35,7 +35,7 @@ MOVED = {
     "unfinished": "ladder.unfinished", "tune": "ladder.tune", "floors": "ladder.floors",
     # the notebooks' helpers
     "notebook": "lessons.notebook", "show": "lessons.show", "draw": "lessons.draw", "access": "lessons.access",
-    "tile_steps": "lessons.tile_steps",
+    "tile_steps": "lessons.tile_steps", "precision": "lessons.precision",
 }
 
 

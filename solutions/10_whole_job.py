@@ -275,10 +275,10 @@ lk.show.task("10", "streamed")
 #
 # `lk.tensor_cores.conv_split3(x, w, b, out, pad, stride, act, pool)` (given code: `labkit/ops/tensor_cores.py`, CUDA C)
 # computes a conv layer with the tensor cores' matrix instruction `mma.sync`, which multiplies short floats: TF32 (fp32
-# with 10 mantissa bits) or fp16 (10 bits, and numbers only up to 65504). Alone they would round every product to
-# about 1e-3. The kernel splits each fp32 value into a big part and the rounding of what is left, and adds three
-# products (big·big, big·small, small·big; fp16's small parts kept 2^11 times larger so that they stay in its range)
-# into fp32 sums: about 22 bits of every product, the dropped small·small about 2^-22 of it. The conv is an implicit
+# with 10 mantissa bits) or fp16 (10 bits, and numbers only up to 65504), far shorter than fp32's 23. The kernel
+# splits each fp32 value into a big part and the rounding of what is left, and adds three products (big·big,
+# big·small, small·big; fp16's small parts kept 2^11 times larger so that they stay in its range) into fp32 sums
+# ("The split, up close" below measures what that keeps). The conv is an implicit
 # GEMM: a warp multiplies tiles of 16 output pixels × 8 or 16 k's (channel, filter row and column, read straight from
 # the images staged in shared memory) by the weights' k × 8-map tiles; the bias, activation and pool are fused, and a
 # shuffle between neighbouring lanes pools. An input beyond fp16's range becomes NaN outputs, which every check
@@ -501,6 +501,46 @@ fig if yours else print("Nothing of yours measured yet, so no plot: make the sel
                         "GPU results are under \"What the kit measured\" below).")
 
 # %% [markdown]
+# ## The split, up close
+#
+# How can numbers with 11 significant bits give fp32's answer? Take one fp32 value `a`. Its big part is `a` rounded
+# to fp16; its small part is what is left, `a − big`, scaled by 2^11 and rounded to fp16 again. The figure places
+# each part's significant bits at the powers of two they stand for.
+
+# %%
+fig, (a, big_part, small_part) = lk.precision.draw_split(1 / 3)
+plt.close(fig)
+print(f"a = {a!r}\nbig = {big_part!r}\nsmall = {small_part!r}\nbig + small − a = {big_part + small_part - a:.3e}")
+fig
+
+# %% [markdown]
+# A product of two split values, `(a_big + a_small)·(b_big + b_small)`, has four parts; the kernel computes three
+# with `mma.sync` and drops `a_small·b_small`. Before you run the next cell, write down your prediction: for
+# `cifar10`'s conv2 (with its activation and pool) at 1200 images, which of the three ways below is fastest, and
+# how large will each one's error against the float64 reference be (about 1e-3, 1e-5, 1e-7)? The FMA way is stage
+# 09's direct kernel (`s09.conv_pooled`: one fp32 fused multiply-add per product); the other two are the tensor
+# cores' conv with TF32 parts and with fp16 parts. Each runs on an output poisoned with NaN, so a way that writes
+# nothing shows an infinite error.
+
+# %%
+IMAGES = 2 if lk.simulator.active() else 1200  # the simulator's shrunk layer, or the real one
+ways = lk.precision.three_ways(s09.conv_pooled, "cifar10", "conv2", images=IMAGES, repeat=REPEAT)
+print(lk.precision.table(ways))
+if lk.simulator.active():
+    print("(simulated: these times measure the CUDA simulator and the CPU emulation of CUDA C, not a GPU)")
+fig, (t_ax, e_ax) = plt.subplots(1, 2, figsize=(10, 3), layout="constrained")
+plt.close(fig)
+t_ax.bar([w.name for w in ways], [1e3 * w.seconds for w in ways], yerr=[[1e3 * (w.seconds - w.low) for w in ways],
+                                                                       [1e3 * (w.high - w.seconds) for w in ways]])
+t_ax.set(ylabel="ms (median, range)", title=f"cifar10 conv2 + relu + pool, {IMAGES} images")
+e_ax.bar([w.name for w in ways], [w.error for w in ways])
+for level, what in ((2.0 ** -24, "fp32's rounding, 2^-24"), (2.0 ** -11, "fp16's rounding, 2^-11")):
+    e_ax.axhline(level, ls=":", color="k")
+    e_ax.text(2.45, level * 1.4, what, ha="right", fontsize=8)
+e_ax.set(yscale="log", ylim=(1e-8, 1e-2), ylabel="largest error / largest output", title="against float64")
+fig
+
+# %% [markdown]
 # ## Reflect
 #
 # 1. At which image counts did splitting K pay for its second launch and its partial planes, and how many splits
@@ -515,6 +555,11 @@ fig if yours else print("Nothing of yours measured yet, so no plot: make the sel
 #    pass (`lk.Profiler`)? Would it matter at 50000 images?
 # 4. Which chunk size and stream count were fastest end to end, and why do very small chunks lose again? What share
 #    of the serial job was the upload of 153.6 MB from pageable memory?
+# 5. How close was your prediction for the three ways? From the figure of the split: how many of fp32's 24
+#    significant bits do the two fp16 parts hold, and what does the dropped `a_small·b_small` weigh against a
+#    product? Each split needs three `mma.sync` products for one fp32 product: with the rates of an H100
+#    (`tools/mma_rates.py`: fp16 about ten times the FMA units' multiply-adds, TF32 about five), how much faster
+#    than FMA could each way be at best, and what kept the measured layer from it?
 #
 # ### What the kit measured
 

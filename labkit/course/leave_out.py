@@ -54,6 +54,7 @@ LEAVE_OUT: tuple[LeftOut, ...] = (
     _answers("tensor_cores", "09", "a conv as an implicit GEMM with staged inputs and weights, register sums and a "
                                    "fused bias, activation and pool, in CUDA C (stages 08 and 09's tasks)"),
     _answers("tensor_cores_source", "09", "the CUDA C source of tensor_cores' conv (stages 08 and 09's tasks)"),
+    _answers("precision", "09", "notebook 10's lesson on the split: it times tensor_cores' conv (left out with it)"),
     _answers("winograd", "09", "a conv whose threads keep a pool window's sums for several maps in registers and "
                                "pool them, in CUDA C (stage 09's tasks)"),
     _answers("upload", "04", "uint8 images normalised on the device (stage 04's task 3)"),
