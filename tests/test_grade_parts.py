@@ -424,9 +424,9 @@ def test_a_token_shared_load_earns_no_technique_points():
     exec(compile("import labkit as lk\nimport numpy as np\nVARIANTS = {}\n" + TOKEN_SHARED, "<token>", "exec"), ns)
     conv = ns["conv_token"]
     budget = protocol.TechniqueSpec("shared", "cifar10", "conv2", min_fraction=0.75)
-    token = student_calls._technique_budget(conv, budget, "device")
+    token = student_calls.technique_budget(conv, budget, "device")
     assert not token.passed and token.fraction < 0.05 and "the stage asks for at least 75 %" in token.line, token
-    assert student_calls._technique_budget(conv, protocol.TechniqueSpec("shared", "cifar10", "conv2"), "device").passed
+    assert student_calls.technique_budget(conv, protocol.TechniqueSpec("shared", "cifar10", "conv2"), "device").passed
 
 
 def test_the_child_reads_the_tuning_choices_the_grader_reads(tmp_path):
@@ -443,7 +443,7 @@ def test_the_child_reads_the_tuning_choices_the_grader_reads(tmp_path):
         pytest.skip("no results/tuning.json in this checkout")
     sandbox.private_labkit(tmp_path / "lib")
     (tmp_path / "work").mkdir()
-    copy = child_start._tuning_copy(tmp_path)
+    copy = child_start.tuning_copy(tmp_path)
     probe = ("import json, sys; from labkit import tune; from labkit.grading import protocol, worker\n"
              "before = tune.stored('cifar10', 50000)\n"
              "worker._use_tuning(protocol.JobSpec(stage='09', notebook='', inputs='', variants={}, nets={}, "

@@ -16,7 +16,7 @@ from . import protocol as P
 from .plan import StagePlan
 
 
-def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
+def private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
     """A fresh job folder with private copies of labkit and of the solutions (checksummed): (folder, lib,
     solutions, guard)."""
     folder = Path(tempfile.mkdtemp(prefix="labkit-grade-"))
@@ -29,7 +29,7 @@ def _private_folder(plan: StagePlan) -> tuple[Path, Path, Path, sandbox.Guard]:
     return folder, lib, solutions, sandbox.Guard(guarded)
 
 
-def _tuning_copy(folder: Path) -> str:
+def tuning_copy(folder: Path) -> str:
     """A copy of the tuning choices this grader reads (``results/tuning.json``), for the child to read the same:
     a tuned variant then runs the kernels the student's notebook picks, not a fallback ("" when there are none)."""
     if not tune.STORE.is_file():
@@ -38,12 +38,12 @@ def _tuning_copy(folder: Path) -> str:
     return str(folder / "tuning.json")
 
 
-def _child_env(folder: Path, lib: Path, solutions: Path, extra: dict) -> dict:
+def job_env(folder: Path, lib: Path, solutions: Path, extra: dict) -> dict:
     return sandbox.child_env({"NUMBA_CACHE_DIR": str(folder / "work" / "numba-cache"),
                               "LABKIT_SOLUTIONS": str(solutions), **extra}, lib=lib)
 
 
-def _last_kernel(folder: Path) -> str:
+def last_kernel(folder: Path) -> str:
     """The kernel the child launched last on a GPU (the worker writes its name), for a hung job's row."""
     try:
         return (folder / "work" / P.LAST_LAUNCH).read_text(errors="replace").split("\n")[0].strip()[:120]
@@ -58,7 +58,7 @@ def _imported_from(lib: Path, msg: P.Hello) -> str | None:
     return None
 
 
-def _not_as_the_grader(lib: Path, msg: P.Hello, iso: isolation.Isolation) -> str | None:
+def not_as_the_grader(lib: Path, msg: P.Hello, iso: isolation.Isolation) -> str | None:
     """Why a child cannot grade as the grader does (labkit not its private copy, or another version of a library
     than the grader's), in one line; None when it can."""
     return _imported_from(lib, msg) or environment.mismatch(msg.versions, msg.origins, iso.advice)
@@ -89,12 +89,12 @@ def probe(iso: isolation.Isolation, memory_mb: int = 0, env_extra: dict | None =
         (folder / "work").mkdir()
         lib = folder / "lib"
         sandbox.private_labkit(lib)
-        env = _child_env(folder, lib, folder / "solutions", env_extra or {})
+        env = job_env(folder, lib, folder / "solutions", env_extra or {})
         end = sandbox.run_child({"probe": True, "stage": "00"}, folder, env, time_limit, memory_mb, False, on_frame,
                                 iso)
         hello = next((m for m in heard if isinstance(m, P.Hello)), None)
         if hello is not None:
-            return _not_as_the_grader(lib, hello, iso)
+            return not_as_the_grader(lib, hello, iso)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     failed = next((m for m in heard if isinstance(m, (P.GraderError, P.ProtocolError))), None)

@@ -22,7 +22,7 @@ from . import isolation, sandbox, scoring
 from . import protocol as P
 from .ahead import Ahead
 from .attempts import TimedAttempts, probe_speed_us
-from .child_start import _child_env, _last_kernel, _not_as_the_grader, _private_folder, _tuning_copy
+from .child_start import job_env, last_kernel, not_as_the_grader, private_folder, tuning_copy
 from .inputs import Inputs, JobInputs
 from .phases import PhaseClock, rounded
 from .plan import References, StagePlan
@@ -112,7 +112,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         self._phase("load")  # started: its interpreter, imports, snapshot and inputs are behind it
         self.outcome.device = msg.device
         iso = self.running.sandbox if self.running is not None else isolation.Isolation()
-        refused = _not_as_the_grader(self.lib, msg, iso)
+        refused = not_as_the_grader(self.lib, msg, iso)
         self.outcome.grader_error = f"not graded: {refused}" if refused else self.outcome.grader_error
 
     def _on_phase(self, msg: P.Phase | P.Start, payload, answer) -> None:
@@ -286,7 +286,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
             return o
         start = self._started = time.monotonic()
         self.clock.switch("start")
-        folder, self.lib, solutions, guard = _private_folder(self.plan)
+        folder, self.lib, solutions, guard = private_folder(self.plan)
         iso = self.sandbox if self.sandbox is not None else isolation.choose()
         self.running = Running(iso, self.device)
         self.running.kept_core = self.gpu and self.plan.variants[self.plan.timed].target == "gpu"
@@ -295,12 +295,12 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
             shutil.copyfile(self.notebook, student_nb)
             self.clock.switch("inputs")
             job = self.build(folder)
-            job.notebook, job.tuning = str(student_nb), _tuning_copy(folder)
+            job.notebook, job.tuning = str(student_nb), tuning_copy(folder)
             self.clock.switch("start")
             limits = self.plan.rubric["limits"]
             with self.turns.hold(self.running) if self.alone and self.turns is not None else nullcontext():
                 end = sandbox.run_child(job.to_json(), folder,
-                                        _child_env(folder, self.lib, solutions, self.env_extra), self.time_limit,
+                                        job_env(folder, self.lib, solutions, self.env_extra), self.time_limit,
                                         limits["memory_mb"], job.memory_guard == "rss", self.handle, iso,
                                         self.running, self.turns)
             if self.clock.current != "end":  # no last frame (ended at its limit, crashed): its phase ends here
@@ -310,7 +310,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
                 end.timed_out, end.memory_exceeded, end.returncode, end.stderr_tail, end.survivors
             o.protocol_error = o.protocol_error or end.protocol_error
             o.tampered = guard.changed()
-            o.last_kernel = _last_kernel(folder)
+            o.last_kernel = last_kernel(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             o.phases = self.clock.stop()

@@ -1,7 +1,7 @@
 """Around each call into the student's code in the grader's child: the student's ``VARIANTS`` read, the call itself
 (a conv traced while it runs, a task's call), and how the child words what it did for the parent, which decides: a
 raise in one line (``describe_exception``; a thread the simulator could not start is the grader's,
-``_OutOfResources``), a changed snapshot (``_Tampered``), the traced calls summed up, the NaN counts, the technique's
+``OutOfResources``), a changed snapshot (``TamperedError``), the traced calls summed up, the NaN counts, the technique's
 share of loads against the stage's budget.
 
 Imported by ``labkit.grading.worker`` before any student code exists, so it is in the snapshot of labkit's modules.
@@ -22,7 +22,7 @@ from . import ownership
 from . import protocol as P
 
 
-class _Tampered(Exception):
+class TamperedError(Exception):
     """The snapshot differs after a call into the student's code."""
 
     def __init__(self, changes: list[str], when: str):
@@ -30,7 +30,7 @@ class _Tampered(Exception):
         self.changes, self.when = changes, when
 
 
-class _OutOfResources(Exception):
+class OutOfResources(Exception):
     """The simulator's own machinery could not start a thread: the grader's resource ran out, not the student's
     code; the parent retries the job, and says it was the grader's if that fails too."""
 
@@ -48,9 +48,9 @@ def _machinery_ran_out(exc: BaseException) -> bool:
 
 def describe_exception(exc: BaseException, what: str) -> str:
     """One line: what raised, the exception, and the line of the student's cell it came from. A thread the
-    simulator could not start is not the student's: ``_OutOfResources`` instead."""
+    simulator could not start is not the student's: ``OutOfResources`` instead."""
     if _machinery_ran_out(exc):
-        raise _OutOfResources(f"the CUDA simulator could not start a thread while running {what} ({exc}): the "
+        raise OutOfResources(f"the CUDA simulator could not start a thread while running {what} ({exc}): the "
                               f"grading machine ran out of threads or address space") from exc
     if isinstance(exc, SyntaxError) and exc.filename and " cell " in str(exc.filename):
         text = (exc.text or "").strip()
@@ -74,7 +74,7 @@ def describe_exception(exc: BaseException, what: str) -> str:
     return f"{what} raised {type(exc).__name__}: {text}{where}"
 
 
-def _variants_of(ns: dict, where: str) -> dict:
+def variants_of(ns: dict, where: str) -> dict:
     variants = ns.get("VARIANTS")
     if not isinstance(variants, dict) or not variants:
         raise nbcells.NotebookError(f"{where}: the kernel cells define no VARIANTS dict (name -> labkit.Variant); "
@@ -82,7 +82,7 @@ def _variants_of(ns: dict, where: str) -> dict:
     return variants
 
 
-def _variant_fields(v) -> dict:
+def variant_fields(v) -> dict:
     impls = getattr(v, "impls", None)
     if not isinstance(impls, dict):
         raise TypeError(f"is a {type(v).__name__}, not a labkit.Variant (no impls dict)")
@@ -93,13 +93,13 @@ def _variant_fields(v) -> dict:
             "per_image": getattr(v, "per_image", None)}
 
 
-def _pass_arrays(probabilities: list) -> dict:
+def pass_arrays(probabilities: list) -> dict:
     """Each timed pass's class probabilities: their argmax are its predictions, and a result kept from another
     pass shows in them even where the predictions happen to agree (synthetic images all of one class)."""
     return {f"prob{k}": p for k, p in enumerate(probabilities)}
 
 
-def _traced_call(tracer: ownership.Tracer, fn, layer_name: str, records: list):
+def traced_call(tracer: ownership.Tracer, fn, layer_name: str, records: list):
     def call(*args):
         rec = tracer.call(fn, args)
         rec["layer"] = layer_name
@@ -109,7 +109,7 @@ def _traced_call(tracer: ownership.Tracer, fn, layer_name: str, records: list):
     return call
 
 
-def _technique_budget(conv, tech: P.TechniqueSpec, arrays: str) -> P.Technique:
+def technique_budget(conv, tech: P.TechniqueSpec, arrays: str) -> P.Technique:
     """The share of the conv's loads served from the stage's memory (``labkit.counts`` on the simulator), against
     the stage's budget (``technique.min_fraction``): a token load from that memory earns nothing."""
     name = f"{tech.layer} uses {tech.memory} memory"
@@ -133,7 +133,7 @@ def nan_counts(result: P.CaseResult, nan: engine.NanCauses | None) -> None:
         result.nan_unwritten, result.nan_added, result.nan_read = nan.unwritten, nan.added, nan.read
 
 
-def _summary(records: list[dict]) -> P.Trace | None:
+def trace_summary(records: list[dict]) -> P.Trace | None:
     """What the traced conv calls of one check did: library routines, launches, calls that launched none of the
     student's (or given) kernels."""
     if not records:

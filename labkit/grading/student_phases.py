@@ -22,15 +22,15 @@ from ..model.nets import Layer, get_net
 from . import ownership, timed
 from . import protocol as P
 from .student_calls import (
-    _pass_arrays,
-    _summary,
-    _Tampered,
-    _technique_budget,
-    _variant_fields,
-    _variants_of,
+    TamperedError,
     describe_exception,
     nan_counts,
+    pass_arrays,
     task_call,
+    technique_budget,
+    trace_summary,
+    variant_fields,
+    variants_of,
 )
 
 
@@ -53,7 +53,7 @@ class StudentPhases:
         try:
             self.ns = ownership.load_cells(job.notebook, ctx.code.own, ctx.code.trees,
                                            define=tuple(dict.fromkeys(t.function for t in job.tasks)))
-            found = _variants_of(self.ns, "your notebook")
+            found = variants_of(self.ns, "your notebook")
         except BaseException as exc:  # noqa: BLE001 - every way a notebook can fail to load becomes one message
             ctx.compare("while loading the kernel cells")
             msg = str(exc) if isinstance(exc, nbcells.NotebookError) else \
@@ -96,7 +96,7 @@ class StudentPhases:
                                   f"this stage grades {', '.join(map(repr, names))}")
                 continue
             try:
-                declared[name] = _variant_fields(found[name])
+                declared[name] = variant_fields(found[name])
             except TypeError as exc:
                 problems[name] = f"VARIANTS[{name!r}] {exc}"
         return declared, problems
@@ -145,13 +145,13 @@ class StudentPhases:
                 else:
                     net = ctx.nets[case.net]
                     got = engine.forward(net, v, self._landed(case, engine.prepare(net, v, x, w)), check=True)
-        except _Tampered:
+        except TamperedError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the student's raise is a FAIL with its line, not a crash
             result.error = describe_exception(exc, case.what)
         ctx.compare(f"during {when}")
         result.launches = counts.launches
-        result.trace = _summary(ctx.records)
+        result.trace = trace_summary(ctx.records)
         if watch is not None and watch.conflicts:
             result.race = f"data race at batch size {case.batch}: {watch.conflicts[0].describe()}"
         ctx.send(result, {"out": np.ascontiguousarray(got)} if got is not None and result.error is None else None)
@@ -190,7 +190,7 @@ class StudentPhases:
             conv = impl_for(v.impls, get_net(tech.net).layer(tech.layer))
             ctx.send(P.Start(f"the technique check ({tech.memory} memory) of variant {timed!r}"))
             if simulator.active():
-                result = _technique_budget(conv, tech, v.arrays)
+                result = technique_budget(conv, tech, v.arrays)
             else:  # a GPU runs no counts: a kernel it launched must have that memory in its compiled resources
                 r = check_technique(conv, tech.net, tech.layer, tech.memory, arrays=v.arrays, quiet=True)
                 result = P.Technique(passed=r.passed, line=str(r))
@@ -212,12 +212,12 @@ class StudentPhases:
             probs = None
             try:
                 probs = engine.forward(net, v, engine.prepare(net, v, x, w), check=True)
-            except _Tampered:
+            except TamperedError:
                 raise
             except BaseException as exc:  # noqa: BLE001
                 result.error = describe_exception(exc, f"the {net.name} forward pass")
             ctx.compare(f"during {when}")
-            result.trace = _summary(ctx.records)
+            result.trace = trace_summary(ctx.records)
             ctx.send(result, {"probs": np.ascontiguousarray(probs)} if probs is not None else None)
         ctx.send(P.AccuracyDone())
         answer = ctx.answer()  # continue: time it; skip: no timing, the technique still; stop: nothing more
@@ -254,7 +254,7 @@ class StudentPhases:
         ctx.records.clear()
         try:
             runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer, images)
-        except _Tampered:
+        except TamperedError:
             raise
         except BaseException as exc:  # noqa: BLE001
             ctx.compare(f"during {when}")
@@ -262,8 +262,8 @@ class StudentPhases:
             return ctx.answer()
         ctx.compare(f"during {when}")
         probe["after"] = timed.quiet_samples(gpu)
-        ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1], trace=_summary(ctx.records),
-                          quiet_s=quiet, probe=probe, attempt=attempt), _pass_arrays(preds))
+        ctx.send(P.Timing(runs=runs, method=ctx.clock_factory(t.variant)[1], trace=trace_summary(ctx.records),
+                          quiet_s=quiet, probe=probe, attempt=attempt), pass_arrays(preds))
         return ctx.answer()
 
     # --- the stage's tasks with checks of their own (labkit.tasks: stage 10's graph replay and pipeline)
@@ -286,7 +286,7 @@ class StudentPhases:
                 ctx.send(P.Start(when))
                 try:
                     out = task_call(spec, fn, ctx, made)
-                except _Tampered:
+                except TamperedError:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - the student's raise is the task's FAIL line
                     result.error = describe_exception(exc, spec.function)

@@ -63,7 +63,7 @@ from ..model.nets import Layer, Net, get_net  # noqa: E402
 from . import environment, ownership, timed  # noqa: E402
 from . import protocol as P  # noqa: E402
 from .snapshot import Snapshot  # noqa: E402
-from .student_calls import _OutOfResources, _Tampered, _traced_call, _variant_fields, _variants_of  # noqa: E402
+from .student_calls import OutOfResources, TamperedError, traced_call, variant_fields, variants_of  # noqa: E402
 from .student_phases import StudentPhases  # noqa: E402
 # (the child's parts, imported now: their functions and classes are in the snapshot too)
 
@@ -192,7 +192,7 @@ class GradingChild:
         """After a call into the student's code: anything the snapshot holds changed -> the job ends."""
         changes = self.snap.changes()
         if changes:
-            raise _Tampered(changes, when)
+            raise TamperedError(changes, when)
 
     def clock_factory(self, name: str, what: str = ""):
         """A clock per timed pass (the last pass compared, labkit put back first), and the clock's method."""
@@ -243,7 +243,7 @@ class GradingChild:
             for layer in kernel_layers(get_net(net_name)):
                 fn = impl_for(v.impls, layer) if layer.kind in self.job.own_layers else None
                 if fn is not None:
-                    impls[layer.name] = _traced_call(tracer, fn, layer.name, records)
+                    impls[layer.name] = traced_call(tracer, fn, layer.name, records)
         return replace(v, impls=impls)
 
     def run(self) -> None:
@@ -262,20 +262,20 @@ class GradingChild:
                 self.send(frame)  # the parent's clock: its seconds begin now
                 if not phase():
                     break
-        except _Tampered as t:
+        except TamperedError as t:
             self.restore()
             self.send(P.Tampered(what=t.changes[:20], count=len(t.changes), when=t.when))
-        except _OutOfResources as exc:
+        except OutOfResources as exc:
             self.restore()
             self.send(P.GraderError(str(exc), traceback.format_exc(limit=6), resource=True))
 
 
 def describe(notebook: str, out: str) -> None:
     """What a (trusted) solution notebook's VARIANTS declare, as JSON for the grader (a ``VariantSpec`` each)."""
-    variants = _variants_of(nbcells.load(notebook), notebook)
+    variants = variants_of(nbcells.load(notebook), notebook)
     desc = {}
     for name, v in variants.items():
-        f = _variant_fields(v)
+        f = variant_fields(v)
         nets = tuple(getattr(v, "nets", ("cifar10",)))
         layers = {n: [ly.name for ly in kernel_layers(get_net(n)) if impl_for(f["impls"], ly)] for n in nets}
         stage = STAGES_BY_NOTEBOOK.get(os.path.basename(notebook))
