@@ -77,7 +77,7 @@ def test_the_grader_words_it_as_the_self_check_does():
     fn = by_id_conv().impls["conv"]  # a cache of its own
     rng = np.random.default_rng(seed)
     cases = [check.layer_case("cifar10", "conv2", 1, rng) for _ in range(2)]  # the self-check's, in its order
-    pair = freed.Pair(fn)  # as the child does (worker.StudentPhases._paired): keep the first case's, land on them
+    pair = freed.Pair(fn)  # as the child does (StudentPhases._paired): keep the first case's, land on them
     plan = types.SimpleNamespace(time_limit=60.0, rubric={"checks": {"tol": check.DEFAULT_TOL}}, variants={})
     job = grading_job.GradingJob(plan, None, "s", Path("s.ipynb"), seed, gpu=False)
     for cid, case in enumerate(cases):
@@ -94,16 +94,16 @@ def test_the_grader_words_it_as_the_self_check_does():
 
 
 def test_the_child_hands_a_case_its_arrays_where_the_case_it_lands_on_had_them(rng):
-    """worker.StudentPhases: a layer's case keeps its arrays when a later one names it (``lands_on``), and that one
-    gets its own at their addresses; a net's second case gets its weights where the first's were."""
-    from labkit.grading import worker
+    """student_phases.StudentPhases: a layer's case keeps its arrays when a later one names it (``lands_on``), and
+    that one gets its own at their addresses; a net's second case gets its weights where the first's were."""
+    from labkit.grading import student_phases
     from labkit.stages import Variant
 
     net = get_net("cifar10")
     conv = net.layer("conv2")
     cases = [P.CaseSpec(id=i, variant="v", batch=1, what="conv2", net_name="cifar10", x="", weights={},
                         lands_on=0 if i == 1 else None) for i in range(2)]
-    phases = object.__new__(worker.StudentPhases)
+    phases = object.__new__(student_phases.StudentPhases)
     phases.ctx, phases.held = types.SimpleNamespace(job=types.SimpleNamespace(cases=cases)), {}
     seen = []
 

@@ -513,9 +513,9 @@ def test_packages_on_pythonpath_are_imported_in_bubblewrap_as_by_the_grader(tmp_
     (site / "cupy" / "__init__.py").write_text("__version__ = '13.0.0'\n")
     (site / "cupy-13.0.0.dist-info").mkdir()
     (site / "cupy-13.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: cupy\nVersion: 13.0.0\n")
-    code = ("from labkit.grading import environment, isolation, job\n"
+    code = ("from labkit.grading import child_start, environment, isolation\n"
             "print(environment.imported()[0]['cupy'])\n"
-            "print(job.probe(isolation.choose('bwrap')))\n")
+            "print(child_start.probe(isolation.choose('bwrap')))\n")
     env = {**os.environ, "PYTHONPATH": str(site), "NUMBA_ENABLE_CUDASIM": "1"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

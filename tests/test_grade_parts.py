@@ -393,18 +393,18 @@ def test_the_grader_words_nan_outputs_as_the_self_check_does(kind):
     from test_check import NAN_WORDS
 
     from labkit import engine, gpu
-    from labkit.grading import job as grading_job, protocol as P, worker
+    from labkit.grading import job as grading_job, protocol as P, student_calls
 
     fn, layer = NAN_BUGS[kind]
     seed = check.fresh_seed(None)
     mine = check.check_layer(fn, "cifar10", layer, arrays="device", seed=seed, quiet=True)
     batch = check.default_batches()[0]
     case = check.layer_case("cifar10", layer, batch, np.random.default_rng(seed))  # the self-check's first case
-    sent = P.CaseResult(0)  # as the child sends it (worker.StudentPhases._check)
+    sent = P.CaseResult(0)  # as the child sends it (student_phases.StudentPhases._check)
     with gpu.counting() as counts:
         called = engine.checked_call(fn, case.layer, case.x, case.weights, "device")
     sent.launches = counts.launches
-    worker.nan_counts(sent, called.nan)
+    student_calls.nan_counts(sent, called.nan)
     [(frame, meta, payload)], _ = P.parse(bytearray(P.encode(sent, {"out": called.out})))
     plan = types.SimpleNamespace(time_limit=60.0, rubric={"checks": {"tol": check.DEFAULT_TOL}}, variants={})
     job = grading_job.GradingJob(plan, None, "s", Path("s.ipynb"), seed, gpu=False)
@@ -418,15 +418,15 @@ def test_the_grader_words_nan_outputs_as_the_self_check_does(kind):
 
 @pytest.mark.skipif(not device.is_simulated(), reason="the technique budget is counted on the CUDA simulator")
 def test_a_token_shared_load_earns_no_technique_points():
-    from labkit.grading import protocol, worker
+    from labkit.grading import protocol, student_calls
 
     ns = {}
     exec(compile("import labkit as lk\nimport numpy as np\nVARIANTS = {}\n" + TOKEN_SHARED, "<token>", "exec"), ns)
     conv = ns["conv_token"]
     budget = protocol.TechniqueSpec("shared", "cifar10", "conv2", min_fraction=0.75)
-    token = worker._technique_budget(conv, budget, "device")
+    token = student_calls.technique_budget(conv, budget, "device")
     assert not token.passed and token.fraction < 0.05 and "the stage asks for at least 75 %" in token.line, token
-    assert worker._technique_budget(conv, protocol.TechniqueSpec("shared", "cifar10", "conv2"), "device").passed
+    assert student_calls.technique_budget(conv, protocol.TechniqueSpec("shared", "cifar10", "conv2"), "device").passed
 
 
 def test_the_child_reads_the_tuning_choices_the_grader_reads(tmp_path):
@@ -437,14 +437,13 @@ def test_the_child_reads_the_tuning_choices_the_grader_reads(tmp_path):
     import sys
 
     from labkit import tune
-    from labkit.grading import job as grading_job
-    from labkit.grading import sandbox
+    from labkit.grading import child_start, sandbox
 
     if not tune.STORE.is_file():
         pytest.skip("no results/tuning.json in this checkout")
     sandbox.private_labkit(tmp_path / "lib")
     (tmp_path / "work").mkdir()
-    copy = grading_job._tuning_copy(tmp_path)
+    copy = child_start.tuning_copy(tmp_path)
     probe = ("import json, sys; from labkit import tune; from labkit.grading import protocol, worker\n"
              "before = tune.stored('cifar10', 50000)\n"
              "worker._use_tuning(protocol.JobSpec(stage='09', notebook='', inputs='', variants={}, nets={}, "

@@ -21,11 +21,11 @@ from labkit import grading
 from labkit.course.stages import STAGES, solutions_folder
 from labkit.grading import protocol as P
 from labkit.grading import sandbox
+from labkit.grading.attempts import RETRY_AFTER_S, probe_speed_us
 from labkit.grading.job import GradingJob
 from labkit.grading.plan import References, StagePlan
 from labkit.grading.protocol import VariantSpec
 from labkit.grading.rubric import RubricError, load_rubric
-from labkit.grading.job import RETRY_AFTER_S
 from labkit.grading.turns import Running, Turns
 
 
@@ -34,12 +34,12 @@ def _probe(us: float, key: str = "core_us") -> dict:
 
 
 def test_the_probe_reads_launch_bursts_on_a_gpu_and_the_core_loop_elsewhere():
-    assert P.probe_speed_us(_probe(200.0)) == 202.0  # the upper median of 16
+    assert probe_speed_us(_probe(200.0)) == 202.0  # the upper median of 16
     gpu = {"before": {"burst_us": [400.0, 500.0], "core_us": [1.0, 1.0]}, "after": {"burst_us": [450.0]}}
-    assert P.probe_speed_us(gpu) == 450.0
+    assert probe_speed_us(gpu) == 450.0
     # a child's numbers: only finite positive ones count, and nothing readable is no speed
-    assert P.probe_speed_us({"before": {"core_us": ["x", -1, float("nan"), True, 7.0]}, "after": [3]}) == 7.0
-    assert P.probe_speed_us({}) is None and P.probe_speed_us({"before": {"core_us": "fast"}}) is None
+    assert probe_speed_us({"before": {"core_us": ["x", -1, float("nan"), True, 7.0]}, "after": [3]}) == 7.0
+    assert probe_speed_us({}) is None and probe_speed_us({"before": {"core_us": "fast"}}) is None
 
 
 def test_the_fastest_probe_is_kept_per_device():

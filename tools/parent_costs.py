@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 
 def measure(stage: str, seed: int, repeat: int) -> dict:
-    from labkit.grading.job import Job
+    from labkit.grading.job import GradingJob
     from labkit.grading.plan import References, plan_stage
     from labkit.grading.rubric import load_rubric
     from labkit.stages import STAGES
@@ -38,26 +38,26 @@ def measure(stage: str, seed: int, repeat: int) -> dict:
     t = time.perf_counter()
     refs.prepare(plan)
     prepare = time.perf_counter() - t
-    import labkit.grading.job as job_mod
+    import labkit.grading.inputs as inputs_mod  # GradingJob.build's Ahead
 
-    real = job_mod.Ahead
+    real = inputs_mod.Ahead
 
     class Kept(real):  # the answers are timed below, one after the other, not in a thread beside the drawing
         def __init__(self, pieces, turns=None, owner=None):
             self.pieces = dict(pieces)
 
-    job_mod.Ahead = Kept
+    inputs_mod.Ahead = Kept
     builds = []
     try:
         for _ in range(repeat):  # the best of `repeat` (a shared machine's noise only ever adds)
-            job = Job(plan, refs, "(parent costs)", plan.solution, seed, True)
+            job = GradingJob(plan, refs, "(parent costs)", plan.solution, seed, True)
             with tempfile.TemporaryDirectory() as tmp:
                 t = time.perf_counter()
                 job.build(Path(tmp))
                 builds.append(time.perf_counter() - t)
                 size = (Path(tmp) / "inputs.npz").stat().st_size
     finally:
-        job_mod.Ahead = real
+        inputs_mod.Ahead = real
     build = min(builds)
     spent = {"case": 0.0, "task": 0.0, "pass": 0.0}
     for (kind, _), piece in job._ahead.pieces.items():

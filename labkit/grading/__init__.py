@@ -1,9 +1,10 @@
 """``labkit grade``: score students' stage notebooks for correctness, accuracy and op time, safely.
 
 The grader (the parent) never executes student code. For every (student, stage) it draws fresh random inputs and
-keeps the answers (``job``), starts a child (``worker``) under a time and a memory limit with private copies of
-labkit and the solutions (``sandbox``), hears the child's raw outputs on a framed pipe (``protocol``), compares
-them itself, scores them with the rubric (``rubric``, ``scoring``) and writes the reports (``reports``). What a
+keeps the answers (``job``, ``inputs``), starts a child (``worker``, ``student_phases``) under a time and a memory
+limit with private copies of labkit and the solutions (``sandbox``, ``child_start``), hears the child's raw outputs
+on a framed pipe (``protocol``), compares them itself (``verdicts``; a timing on a slow core is attempted again:
+``attempts``), scores them with the rubric (``rubric``, ``scoring``) and writes the reports (``reports``). What a
 stage grades, and the reference data, are decided once per run (``plan``, ``run``). In the child, ``snapshot``
 puts labkit back before, and compares it after, every call into student code (``tampered``), and ``ownership``
 scans and traces the timed conv functions (``forbidden``); ``hints`` names the likely mistake of a failing check;

@@ -18,7 +18,8 @@ import numpy as np
 from ..course.stages import STAGES
 from ..launch import device
 from . import isolation, refcache, scoring
-from .job import GradingJob, ReferenceTiming, probe, reference_job
+from .child_start import probe
+from .job import GradingJob, ReferenceTiming, reference_job
 from .plan import References, StagePlan, plan_stage
 from .rubric import Rubric
 from .sandbox import linger_long as sandbox_linger
@@ -117,7 +118,8 @@ def sandbox_refusal(iso: isolation.Isolation, private: dict, memory_mb: int = 0,
                     env_extra: dict | None = None) -> str:
     """Why no job could be graded in ``iso`` here, in one line ("" when they can), found before any job: the
     sandbox cannot start (docker without its daemon), the grader's PYTHONPATH holds what a student must not read
-    (``private``: {what: path}), or a probe child in it imports other versions than the grader (``job.probe``)."""
+    (``private``: {what: path}), or a probe child in it imports other versions than the grader
+    (``child_start.probe``)."""
     why = iso.unusable()
     if not why and iso.python_path():
         why = isolation.python_path_refusal(private)

@@ -38,7 +38,7 @@ class Kind(str, enum.Enum):
     """What a frame says, in the order a job sends them."""
 
     HELLO = "hello"  # started: device, pid, where labkit was imported from (its private copy), the versions it
-    # imports (a probe child sends this frame and DONE only: labkit.grading.job.probe)
+    # imports (a probe child sends this frame and DONE only: labkit.grading.child_start.probe)
     PHASE = "phase"  # what it does now (loading, timing the reference): for a timeout's message; a phase's start
     LOAD_ERROR = "load_error"  # the student's kernel cells did not load: nothing else follows
     LOADED = "loaded"  # the student's VARIANTS as found, what is wrong with them, what the own-kernels scan found;
@@ -406,17 +406,6 @@ class Timing(Message):
     quiet_s: float = 0.0  # on a GPU, how long the turn waited for work the stopped jobs had queued to drain
     probe: dict = dataclasses.field(default_factory=dict)  # the probes' samples, before and after (``timed``)
     attempt: int = 0
-
-
-def probe_speed_us(probe: dict) -> float | None:
-    """How slow the child's core ran around an attempt's passes (lower is faster): the median of the launch bursts
-    before and after them on a GPU (host-bound: they follow the core), else of the core's loop; None if the probe
-    holds no such samples (a child's numbers: only ever finite positive ones count)."""
-    sides = [side for side in (probe.get("before"), probe.get("after")) if isinstance(side, dict)]
-    key = "burst_us" if any("burst_us" in side for side in sides) else "core_us"
-    values = sorted(v for side in sides for v in (side.get(key) if isinstance(side.get(key), list) else [])
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf"))
-    return float(values[len(values) // 2]) if values else None
 
 
 @_message(Kind.TAMPERED)

@@ -34,7 +34,8 @@ from .context import (  # noqa: F401
     simulator_if_no_driver,
 )
 from .cores import Cores
-from .job import GradingJob, ReferenceTiming, probe, reference_job  # noqa: F401 - run.reference_job, as before
+from .child_start import probe  # noqa: F401 - run.probe, as before
+from .job import GradingJob, ReferenceTiming, reference_job  # noqa: F401 - run.reference_job, as before
 from .reports import merge_reports, write_reports
 from .rubric import GradeError, load_rubric
 from .sandbox import memory_guard_text

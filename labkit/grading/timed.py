@@ -2,7 +2,7 @@
 
 Imported by the worker before any student code exists, so every function here is bound then: a cell that patches
 ``time`` or numba's event functions does not reach a clock made later. The parent reads the probes' samples
-(``protocol.probe_speed_us``) to decide whether an attempt ran on a slow core and is timed again in a later turn
+(``attempts.probe_speed_us``) to decide whether an attempt ran on a slow core and is timed again in a later turn
 (``timing.attempts``, ``timing.slow_core``; docs/grading.md, "Grades at any load").
 """
 

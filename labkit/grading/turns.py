@@ -207,7 +207,7 @@ class Turns:
             self.release(r)
 
     def fastest(self, device: str | None, speed: float) -> float:
-        """The fastest timing probe (``protocol.probe_speed_us``) seen on ``device`` in this run, ``speed`` included:
+        """The fastest timing probe (``attempts.probe_speed_us``) seen on ``device`` in this run, ``speed`` included:
         what an attempt's core is compared with before it is timed again (``GradingJob._again``)."""
         with self._cond:
             self._fastest[device] = min(self._fastest.get(device, speed), speed)
