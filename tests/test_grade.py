@@ -113,7 +113,9 @@ def _tamper():
     labkit.timing.Clock = None
     labkit.timing.measure = lambda *a, **k: None
     __main__._perf_counter = lambda: 0.0
-    for _obj in list(vars(__main__).values()):  # any class of the worker with a clock's methods
+    import labkit.grading.timed as _timed  # the child's clock, bound before any student code
+    _timed._perf_counter = lambda: 0.0
+    for _obj in [*vars(__main__).values(), *vars(_timed).values()]:  # any class of the worker with a clock's methods
         if isinstance(_obj, type):
             _obj.section = lambda self, name: __import__("contextlib").nullcontext()
             _obj.seconds = lambda self: {}
@@ -320,12 +322,15 @@ def test_correct_submission_gets_full_marks(graded):
     # op time: the best (minimum) of the timed passes, the spread kept; every pass predicted what the reference does
     spread = r["details"]["op_time_spread"]
     assert r["op_time_s"] == spread["student"]["min"] <= spread["student"]["median"] <= spread["student"]["max"]
-    assert r["reference_op_time_s"] == spread["reference"]["min"] and spread["student"]["runs"] == 3
+    # three passes an attempt; a core that ran slow was timed again, up to three attempts (tests/test_retime.py)
+    attempts = len(r["details"]["turn"]["attempts"])
+    assert 1 <= attempts <= 3 and [a["attempt"] for a in r["details"]["turn"]["attempts"]] == list(range(attempts))
+    assert r["reference_op_time_s"] == spread["reference"]["min"] and spread["student"]["runs"] == 3 * attempts
     # op time is the whole pass (every layer, and whatever the pass left running), each layer's time kept beside it
     runs = r["details"]["op_time_runs"]["student"]
     assert r["op_time_s"] == pytest.approx(min(run["pass"] for run in runs))
     assert all(run["pass"] >= sum(run[c] for c in ("conv1", "conv2", "conv3", "fc")) for run in runs)
-    assert r["details"]["timed_predictions"]["student_mismatches"] == [0, 0, 0]
+    assert r["details"]["timed_predictions"]["student_mismatches"] == [0] * (3 * attempts)
     assert "all checks pass" in r["message"]
     checks = r["details"]["checks"]  # every layer of both nets at both batch sizes, and each whole forward pass
     assert sum("cifar10 forward: PASS" in c for c in checks) == len(check.NETWORK_BATCHES)
@@ -364,8 +369,8 @@ def test_patching_labkit_and_the_clock_is_reported_as_tampering(graded):
                  "while loading the kernel cells"):
         assert name in r["message"], r["message"]
     changed = r["details"]["tampered"]["what"]
-    assert {"time.perf_counter", "labkit.timing.Clock", "labkit.reference.conv2d", "the grade worker's _perf_counter"} \
-        <= set(changed), changed
+    assert {"time.perf_counter", "labkit.timing.Clock", "labkit.reference.conv2d",
+            "labkit.grading.timed._perf_counter"} <= set(changed), changed
     # its write to labkit/core/check.py: refused in a sandbox (tests/test_grade_isolation.py); unsandboxed it hits the
     # job's private copy only, and is reported
     if graded["report"]["meta"]["sandbox"]["mode"] == "none":
@@ -376,7 +381,7 @@ def test_patching_labkit_and_the_clock_is_reported_as_tampering(graded):
 def test_patching_the_clock_is_tampering_even_with_a_right_conv(graded):
     r = graded["rows"]["fastclock"]
     assert r["status"] == "tampered" and r["score"] == 0 and r["op_time_s"] is None, r["message"]
-    assert "the grade worker's _perf_counter" in r["message"]
+    assert "labkit.grading.timed._perf_counter" in r["details"]["tampered"]["what"], r["details"]["tampered"]
     assert "time.perf_counter" in r["details"]["tampered"]["what"]
 
 
