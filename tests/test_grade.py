@@ -648,7 +648,7 @@ def test_result_frames_are_validated():
 def test_message_kinds_are_defined_once():
     assert {k.value for k in protocol.Kind} == {"hello", "phase", "start", "load_error", "loaded", "case",
                                                 "checks_done", "task", "technique", "accuracy", "accuracy_done",
-                                                "turn", "timing", "tampered", "grader_error", "done"}
+                                                "turn", "pass", "timing", "tampered", "grader_error", "done"}
     assert set(protocol.MESSAGES) == set(protocol.Kind)  # one message class per kind
     assert {a.value for a in protocol.Answer} == {"continue", "stop", "skip"}
     assert str(protocol.Kind.DONE) == "done" and protocol.Kind("done") is protocol.Kind.DONE

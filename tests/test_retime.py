@@ -75,10 +75,23 @@ def job(tmp_path):
     return j
 
 
+def _passes(job: GradingJob, attempt: int, answers: list) -> list[np.ndarray]:
+    """The child's side of an attempt's passes: each asks for its images, which the parent writes only then."""
+    images = []
+    for k in range(job.plan.rubric["timing"]["repeat"]):
+        path = Path(job.spec.timing.pass_inputs.format(attempt=attempt, k=k))
+        assert not path.exists(), f"pass {k} of attempt {attempt}: its images were there before it asked"
+        job._on_pass(P.PassImages(attempt=attempt, k=k), b"", answers.append)
+        images.append(np.load(path))
+    return images
+
+
 def _attempt(job: GradingJob, attempt: int, us: float, seconds: float) -> tuple[list, dict]:
-    """The child's side of one attempt: its turn, then its passes (right answers, ``seconds`` each) and probe."""
+    """The child's side of one attempt: its turn, its passes' images, then the passes (right answers, ``seconds``
+    each) and the probe."""
     answers: list = []
     job._on_turn(P.Turn(), b"", answers.append)
+    job.images = _passes(job, attempt, answers)
     probs = {f"prob{k}": job._pass_answer(k).astype(np.float32) for k in range(job.plan.rubric["timing"]["repeat"])}
     buf = io.BytesIO()
     np.savez(buf, **probs)
@@ -88,28 +101,45 @@ def _attempt(job: GradingJob, attempt: int, us: float, seconds: float) -> tuple[
     return answers, probs
 
 
+def test_no_pass_images_reach_the_child_before_their_pass(job, tmp_path):
+    """The child's inputs hold the workload (the warm-up's) and the checks', never a timed pass's images: each is
+    written when its pass asks, so no call into the student's code before the pass could compute its answer."""
+    with np.load(job.spec.inputs) as data:
+        held = {k: data[k] for k in data.files}
+    x = job._pass_images[0]
+    assert not any(k.startswith("pass") for k in held)
+    assert not any(a.shape == x.shape and np.array_equal(a, p) for a in held.values() for p in job._pass_images)
+    assert not any(Path(job.spec.timing.pass_inputs).parent.iterdir())
+    answers: list = []
+    job._on_turn(P.Turn(), b"", answers.append)
+    job._on_pass(P.PassImages(attempt=0, k=1), b"", answers.append)  # pass 1 asks: only its images are written
+    assert [p.name for p in Path(job.spec.timing.pass_inputs).parent.iterdir()] == ["attempt0_pass1.npy"]
+    assert np.array_equal(np.load(job.spec.timing.pass_inputs.format(attempt=0, k=1)), job._pass_images[1])
+    for bad in (P.PassImages(attempt=0, k=1), P.PassImages(attempt=1, k=0), P.PassImages(attempt=0, k=3)):
+        job.outcome.protocol_error = None
+        job._on_pass(bad, b"", answers.append)  # asked again, of another attempt, or past the last pass
+        assert answers[-1] is P.Answer.STOP and "images asked for pass" in job.outcome.protocol_error
+    assert answers[:2] == [P.Answer.CONTINUE, P.Answer.CONTINUE]
+
+
 def test_a_slow_core_is_timed_again_on_fresh_images_and_the_best_pass_counts(job, tmp_path):
     job.turns.fastest(job.device, 100.0)  # an earlier job's probe on this device
-    first = [job.spec.timing.passes, [job._pass_images[k].copy() for k in range(3)]]
     decided = time.monotonic()
     answers, _ = _attempt(job, 0, 180.0, 0.20)  # 80 % slower than the fastest: again
-    assert answers == [P.Answer.CONTINUE, P.Answer.CONTINUE] and job.spec.timing.attempts == 3
-    written = Path(job.spec.timing.retry_inputs.format(attempt=1))
-    assert written.parent == tmp_path / "timing" and written.is_file()
-    with np.load(written) as data:
-        fresh = [data[f"pass{k}.x"] for k in range(3)]
-    assert len(data.files) == 3 and all(x.shape == first[1][0].shape and x.dtype == np.float32 for x in fresh)
-    # new noise for the new attempt: no memo of the first attempt's passes (or of the accuracy run) holds them
-    assert all(not np.allclose(x, y) for x in fresh for y in first[1])
-    assert not Path(job.spec.timing.retry_inputs.format(attempt=2)).exists()  # written only when asked for
+    first = job.images
+    assert answers == [P.Answer.CONTINUE] * 5 and job.spec.timing.attempts == 3
     assert "timing" not in job.outcome.finished
-
     answers, _ = _attempt(job, 1, 108.0, 0.10)  # within 15 % of the fastest: enough
+    fresh = job.images
+    assert all(x.shape == first[0].shape and x.dtype == np.float32 for x in fresh)
+    assert all(p.parent == tmp_path / "timing" for p in map(Path, [job.spec.timing.pass_inputs]))
+    # new noise for the new attempt: no memo of the first attempt's passes (or of the accuracy run) holds them
+    assert all(not np.allclose(x, y) for x in fresh for y in first)
     # its turn came no sooner than RETRY_AFTER_S after the decision (a slow spell given time to pass), and the wait
     # is not against its limit
     assert job._retry_at >= decided + RETRY_AFTER_S and job._turn_at >= job._retry_at
     assert job.running.paused_s() > 0
-    assert answers == [P.Answer.CONTINUE, P.Answer.SKIP] and "timing" in job.outcome.finished
+    assert answers == [P.Answer.CONTINUE] * 4 + [P.Answer.SKIP] and "timing" in job.outcome.finished
     o = job.outcome
     assert [a["attempt"] for a in o.timing_attempts] == [0, 1]
     assert [a["speed_us"] for a in o.timing_attempts] == [181.8, 109.08]
@@ -119,10 +149,10 @@ def test_a_slow_core_is_timed_again_on_fresh_images_and_the_best_pass_counts(job
 
 
 def test_the_childs_sandbox_sees_the_folder_later_attempts_appear_in(job, tmp_path):
-    """The sandbox binds files and folders that exist when the child starts: a later attempt's file, written after,
-    is visible only inside a folder bound then (an H100 run without it: FileNotFoundError in every retimed job)."""
+    """The sandbox binds files and folders that exist when the child starts: a pass's file, written after, is
+    visible only inside a folder bound then (an H100 run without it: FileNotFoundError in every retimed job)."""
     view = sandbox.job_view(job.spec.to_json(), tmp_path, {})
-    folder = str(Path(job.spec.timing.retry_inputs).parent)
+    folder = str(Path(job.spec.timing.pass_inputs).parent)
     assert folder in view.read and Path(folder).is_dir() and not any(Path(folder).iterdir())
     assert view.scratch != folder and not view.scratch.startswith(folder)  # bound read-only, never the child's
 
@@ -130,12 +160,14 @@ def test_the_childs_sandbox_sees_the_folder_later_attempts_appear_in(job, tmp_pa
 def test_no_attempt_past_the_rubrics_or_the_limits_room(job):
     job.plan.rubric["timing"]["attempts"] = 1
     job.turns.fastest(job.device, 100.0)
-    assert _attempt(job, 0, 500.0, 0.2)[0] == [P.Answer.CONTINUE, P.Answer.SKIP]
+    assert _attempt(job, 0, 500.0, 0.2)[0][-1] is P.Answer.SKIP
     job.outcome.finished.discard("timing")
     job.plan.rubric["timing"]["attempts"] = 3
     job.time_limit = 0.001  # no room for two more attempts like it
-    job._attempt, job.outcome.timing_runs = 0, None
-    assert _attempt(job, 0, 500.0, 0.2)[0] == [P.Answer.CONTINUE, P.Answer.SKIP]
+    job._attempt, job.outcome.timing_runs, job._handed = 0, None, set()
+    for f in Path(job.spec.timing.pass_inputs).parent.iterdir():
+        f.unlink()
+    assert _attempt(job, 0, 500.0, 0.2)[0][-1] is P.Answer.SKIP
 
 
 def test_a_wrong_attempt_number_or_wrong_answers_in_a_later_attempt_are_caught(job):
@@ -143,6 +175,7 @@ def test_a_wrong_attempt_number_or_wrong_answers_in_a_later_attempt_are_caught(j
     _attempt(job, 0, 300.0, 0.2)
     answers: list = []
     job._on_turn(P.Turn(), b"", answers.append)
+    _passes(job, 1, answers)
     job._on_timing(P.Timing(runs=[{"pass": 0.1}] * 3, method="perf_counter", probe=_probe(100), attempt=2), b"",
                    answers.append)
     assert answers[-1] is P.Answer.SKIP and "attempt 2 where 1 was asked for" in job.outcome.protocol_error
@@ -153,6 +186,7 @@ def test_a_kept_result_in_a_later_attempt_is_a_mismatch(job):
     _, probs = _attempt(job, 0, 300.0, 0.2)
     answers: list = []
     job._on_turn(P.Turn(), b"", answers.append)
+    _passes(job, 1, answers)
     buf = io.BytesIO()
     np.savez(buf, **probs)  # the first attempt's answers handed back on the new images
     job._on_timing(P.Timing(runs=[{"pass": 0.01}] * 3, method="perf_counter", probe=_probe(100), attempt=1),

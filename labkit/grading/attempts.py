@@ -56,16 +56,24 @@ class TimedAttempts:
         return used + 2 * (time.monotonic() - self._turn_at) < self.time_limit
 
     def _next_attempt(self) -> None:
-        """The next attempt's images, fresh, written where the child reads them only now, and the reference's
+        """The next attempt's images, fresh (each written when its pass asks: ``_hand_pass``), and the reference's
         answers on them computed while it waits for its turn."""
         self._attempt += 1
         self._retry_at = time.monotonic() + RETRY_AFTER_S
         self._pass_images = fresh_passes(self._timed_x, self._rng, len(self._pass_images))
-        np.savez(self._retry_inputs.format(attempt=self._attempt),
-                 **{f"pass{k}.x": x for k, x in enumerate(self._pass_images)})
+        self._handed = set()
         self._retry = Ahead({("pass", k): piece for k, piece in
                              enumerate(expected_passes(self.refs, self.plan, self._pass_images))},
                             self.turns, self.running)
+
+    def _hand_pass(self, attempt: int, k: int) -> str | None:
+        """Pass ``k``'s images written where the child reads them, now that the pass asks; why not, for a request
+        that is not the next pass of the current attempt."""
+        if attempt != self._attempt or not 0 <= k < len(self._pass_images) or k in self._handed:
+            return f"images asked for pass {k} of attempt {attempt}, where attempt {self._attempt} was timed"
+        self._handed.add(k)
+        np.save(self._pass_inputs.format(attempt=attempt, k=k), self._pass_images[k])
+        return None
 
     def _release_turn(self) -> None:
         if self.turns is not None and self.running is not None and not self.alone:

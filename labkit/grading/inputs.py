@@ -60,13 +60,11 @@ class Inputs:
         key = self.workload(*plan.timing_run())
         x = self.arrays[self.workloads[key].x]
         images = fresh_passes(x, rng, t["repeat"])
-        keys = [f"pass{k}.x" for k in range(len(images))]
-        self.arrays.update(zip(keys, images))
-        later = folder / "timing"  # a later attempt's images appear here (the child's sandbox binds it read-only)
-        later.mkdir()
-        return P.TimingSpec(variant=plan.timed, workload=key, warmup=t["warmup"], repeat=t["repeat"], passes=keys,
+        passes = folder / "timing"  # each pass's images appear here when it asks (the sandbox binds it read-only)
+        passes.mkdir()
+        return P.TimingSpec(variant=plan.timed, workload=key, warmup=t["warmup"], repeat=t["repeat"],
                             attempts=t.get("attempts", 1),
-                            retry_inputs=str(later / "attempt{attempt}.npz")), images, x
+                            pass_inputs=str(passes / "attempt{attempt}_pass{k}.npy")), images, x
 
     def save(self, folder: Path) -> str:
         np.savez(folder / "inputs.npz", **self.arrays)
@@ -164,7 +162,7 @@ class JobInputs:
         self._rng = rng
         timing, self._pass_images, self._timed_x = inputs.timing(plan, rng, folder) if plan.timing_run() \
             else (None, [], None)
-        self._retry_inputs = timing.retry_inputs if timing is not None else ""
+        self._pass_inputs = timing.pass_inputs if timing is not None else ""
         task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
         # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
         self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})

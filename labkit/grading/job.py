@@ -90,6 +90,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         self._answers: dict = {}  # ("case" | "task" | "pass", id) -> the float64 reference's answer, to compute
         self._ahead: Ahead | None = None  # ... computed while the child runs (labkit.grading.ahead)
         self._attempt, self._retry = 0, None  # the timing's attempt now, and a later attempt's answers (Ahead)
+        self._handed: set = set()  # the current attempt's passes whose images were written (``_hand_pass``)
         self._turn_at = self._started = time.monotonic()
         self._retry_at = 0.0  # a later attempt's turn is not taken before then (RETRY_AFTER_S)
         self.env_extra: dict = {}  # e.g. CUDA_VISIBLE_DEVICES for a worker pinned to one GPU
@@ -205,6 +206,12 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
             self._no_timing()
         answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE if go else P.Answer.SKIP)
 
+    def _on_pass(self, msg: P.PassImages, payload, answer) -> None:
+        why = self._hand_pass(msg.attempt, msg.k)
+        if why:
+            self.outcome.protocol_error = why
+        answer(P.Answer.STOP if why else P.Answer.CONTINUE)
+
     def _on_timing(self, msg: P.Timing, payload, answer) -> None:
         """One attempt's passes: kept beside the earlier attempts' (op time is the best pass of them all), and
         answered with another attempt when its core ran slow (``_again``), else with enough."""
@@ -250,6 +257,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
                 P.LoadError: _on_load_error, P.Loaded: _on_loaded, P.CaseResult: _on_case,
                 P.ChecksDone: _on_checks_done, P.Technique: _on_technique, P.AccuracyResult: _on_accuracy,
                 P.AccuracyDone: _on_accuracy_done, P.TaskResult: _on_task, P.Turn: _on_turn,
+                P.PassImages: _on_pass,
                 P.Timing: _on_timing, P.Tampered: _on_tampered,
                 P.GraderError: _on_grader_error, P.Done: _on_done}
 

@@ -53,6 +53,7 @@ class Kind(str, enum.Enum):
     ACCURACY_DONE = "accuracy_done"  # the parent answers: continue to the timing, or stop
     TURN = "turn"  # the timed phase asks for its turn (labkit.grading.turns: every other job stopped); the parent
     # answers once it holds it
+    PASS = "pass"  # a timed pass asks for its images: the parent writes them only now, and answers
     TIMING = "timing"  # the student's timed passes (and each pass's predictions)
     TAMPERED = "tampered"  # the snapshot differed after a call into the student's code: what changed, and when
     GRADER_ERROR = "grader_error"  # the child's own failure (or the reference's): not the student's fault
@@ -215,16 +216,16 @@ class AccuracySpec(Record):
 
 @dataclasses.dataclass
 class TimingSpec(Record):
-    """The timed passes: ``warmup`` untimed passes on one image, then ``repeat`` timed ones; with ``passes`` (array
-    keys), pass k runs on its own images."""
+    """The timed passes: ``warmup`` untimed passes on one image, then ``repeat`` timed ones, pass k on its own images,
+    which the parent writes to ``pass_inputs`` (``.format(attempt=a, k=k)``, a ``.npy``) only when the pass asks
+    for them (``PassImages``): no call into the student's code before that pass can reach them."""
 
     variant: str
     workload: str  # the weights (and the warm-up image) come from here
     warmup: int
     repeat: int
-    passes: list[str] = dataclasses.field(default_factory=list)
     attempts: int = 1  # turns at most: the parent answers each attempt with another (a slow core) or enough
-    retry_inputs: str = ""  # attempt a's images (``pass{k}.x``), written when the parent asks for it: .format(attempt=a)
+    pass_inputs: str = ""
 
 
 @dataclasses.dataclass
@@ -392,6 +393,15 @@ class TaskResult(Message):
 @dataclasses.dataclass
 class Turn(Message):
     what: str = "timing"
+
+
+@_message(Kind.PASS)
+@dataclasses.dataclass
+class PassImages(Message):
+    """Pass ``k`` of timing attempt ``attempt`` asks for its images."""
+
+    attempt: int = 0
+    k: int = 0
 
 
 @_message(Kind.TIMING)

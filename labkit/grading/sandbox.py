@@ -72,12 +72,12 @@ def private_solutions(src: Path, dest: Path, stage: str | None = None, reference
 
 def job_view(job: dict, folder: Path, env: dict, memory_mb: int = 0, python_path=()) -> isolation.View:
     """What a job's child may read in its sandbox: its private labkit, the notebook it runs (its submission's copy),
-    its inputs (a later timing attempt's too, once the parent writes them) and the tuning file it is told of, of the private solutions only earlier stages' (the graded stage's
+    its inputs (each timed pass's too, once the parent writes them) and the tuning file it is told of, of the private solutions only earlier stages' (the graded stage's
     too only where the child times the reference), and the ``python_path`` folders its sandbox binds (the grader's
     PYTHONPATH, after its labkit on its path); it writes ``folder/work`` only."""
     read = [folder / "lib", *(Path(job[k]) for k in ("notebook", "student_notebook", "inputs", "tuning") if job.get(k))]
-    if (job.get("timing") or {}).get("retry_inputs"):  # the folder a later timing attempt's images appear in
-        read.append(Path(job["timing"]["retry_inputs"]).parent)
+    if (job.get("timing") or {}).get("pass_inputs"):  # the folder each timed pass's images appear in
+        read.append(Path(job["timing"]["pass_inputs"]).parent)
     stage = str(job["stage"])
     ref = Path(job["reference_notebook"]) if job.get("timing") and job.get("reference_notebook") else None
     read += [f for f in sorted((folder / "solutions").glob("*.ipynb")) if f.name[:2] < stage or f == ref]

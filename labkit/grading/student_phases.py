@@ -226,25 +226,33 @@ class StudentPhases:
 
     # --- op time: the student's timed variant, the same way as the reference's, traced as in the checks
     def timing(self) -> bool:
-        """One attempt a turn; the parent answers each with another attempt (its core was slow: the images of the
-        next are in ``retry_inputs``, written only now), or with enough."""
+        """One attempt a turn; the parent answers each with another attempt (its core was slow) or with enough."""
         ctx, t = self.ctx, self.ctx.job.timing
         if not self.timing_allowed:
             return True
-        images = [ctx.arrays[key] for key in t.passes]
         for attempt in range(t.attempts):
             ctx.restore()
-            answer = self._attempt(attempt, images)
+            answer = self._attempt(attempt)
             if answer is not P.Answer.CONTINUE or attempt + 1 == t.attempts:
                 return answer is not P.Answer.STOP
-            with np.load(t.retry_inputs.format(attempt=attempt + 1), allow_pickle=False) as data:
-                images = [data[f"pass{k}.x"] for k in range(len(data.files))]
         return True
 
-    def _attempt(self, attempt: int, images: list) -> P.Answer:
+    def _images(self, attempt: int):
+        """Pass k's images, asked of the parent when the pass is about to run (nothing before can reach them)."""
         ctx, t = self.ctx, self.ctx.job.timing
-        when = f"timing variant {t.variant!r} on {images[0].shape[0]} images" + (f" (attempt {attempt + 1})"
-                                                                                  if attempt else "")
+
+        def images(k: int):
+            ctx.send(P.PassImages(attempt=attempt, k=k))
+            if ctx.answer() is not P.Answer.CONTINUE:
+                raise RuntimeError(f"the grader handed no images for timed pass {k}")
+            return np.load(t.pass_inputs.format(attempt=attempt, k=k), allow_pickle=False)
+
+        return images
+
+    def _attempt(self, attempt: int) -> P.Answer:
+        ctx, t = self.ctx, self.ctx.job.timing
+        when = f"timing variant {t.variant!r} on {ctx.workloads[t.workload][1].shape[0]} images" + (
+            f" (attempt {attempt + 1})" if attempt else "")
         ctx.send(P.Turn(when))  # wait until every other job is stopped (labkit.grading.turns)
         if ctx.answer() is not P.Answer.CONTINUE:
             return P.Answer.STOP
@@ -253,7 +261,7 @@ class StudentPhases:
         ctx.send(P.Start(when))
         ctx.records.clear()
         try:
-            runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer, images)
+            runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer, self._images(attempt))
         except TamperedError:
             raise
         except BaseException as exc:  # noqa: BLE001

@@ -206,9 +206,10 @@ class GradingChild:
 
         return make_clock, "cuda-events" if events else "perf_counter"
 
-    def timed_passes(self, variant: Variant, tracer: ownership.Tracer | None, images: list) -> tuple[list, list]:
-        """``warmup`` untimed passes on one image, then one timed pass on each of ``images`` (fresh images each: no
-        memo of an earlier pass, or attempt, or of the accuracy run, can anticipate them), under the same
+    def timed_passes(self, variant: Variant, tracer: ownership.Tracer | None, images) -> tuple[list, list]:
+        """``warmup`` untimed passes on one image, then ``repeat`` timed passes, pass k on ``images(k)``, which the
+        parent hands over only then (fresh images each: no memo of an earlier pass, or attempt, or of the accuracy
+        run, can anticipate them, and no call before the pass can reach them), under the same
         tracing as the checks. A pass's time (``"pass"``) runs from its first launch until the device is idle and
         every thread it started has ended; each layer's time is kept beside it. The probabilities of every pass
         come back for the grader to compare with the reference's on the same images."""
@@ -221,8 +222,8 @@ class GradingChild:
             self.restore()
             engine.forward(net, variant, prepared.first(1))
         runs, predictions = [], []
-        for x_pass in images:
-            fresh = engine.prepare(net, variant, x_pass, w)
+        for k in range(t.repeat):
+            fresh = engine.prepare(net, variant, images(k), w)
             clock = make_clock()
             with tracer.installed() if tracer is not None else nullcontext():
                 before = set(_threads())
