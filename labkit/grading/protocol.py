@@ -216,9 +216,8 @@ class AccuracySpec(Record):
 
 @dataclasses.dataclass
 class TimingSpec(Record):
-    """The timed passes: ``warmup`` untimed passes on one image, then ``repeat`` timed ones, pass k on its own images,
-    which the parent writes to ``pass_inputs`` (``.format(attempt=a, k=k)``, a ``.npy``) only when the pass asks
-    for them (``PassImages``): no call into the student's code before that pass can reach them."""
+    """``warmup`` untimed passes on one image, then ``repeat`` timed ones, pass k on images the parent writes to
+    ``pass_inputs.format(attempt=a, k=k)`` only when the pass asks (``PassImages``): nothing earlier reaches them."""
 
     variant: str
     workload: str  # the weights (and the warm-up image) come from here
@@ -399,7 +398,6 @@ class Turn(Message):
 @dataclasses.dataclass
 class PassImages(Message):
     """Pass ``k`` of timing attempt ``attempt`` asks for its images."""
-
     attempt: int = 0
     k: int = 0
 
@@ -408,14 +406,13 @@ class PassImages(Message):
 @dataclasses.dataclass
 class Timing(Message):
     """The timed passes: per pass, each layer's seconds and the whole pass's (``"pass"``); the arrays ``probK``."""
-
     runs: list[dict[str, float]] = dataclasses.field(default_factory=list)
     method: str = ""
     error: str | None = None
     trace: Trace | None = None
     quiet_s: float = 0.0  # on a GPU, how long the turn waited for work the stopped jobs had queued to drain
     probe: dict = dataclasses.field(default_factory=dict)  # the probes' samples, before and after (``timed``)
-    attempt: int = 0
+    attempt: int = 0  # of the timing's attempts (``timed``, ``attempts``)
 
 
 @_message(Kind.TAMPERED)
