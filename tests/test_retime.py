@@ -132,7 +132,7 @@ def test_a_slow_core_is_timed_again_on_fresh_images_and_the_best_pass_counts(job
     answers, _ = _attempt(job, 1, 108.0, 0.10)  # within 15 % of the fastest: enough
     fresh = job.images
     assert all(x.shape == first[0].shape and x.dtype == np.float32 for x in fresh)
-    assert all(p.parent == tmp_path / "timing" for p in map(Path, [job.spec.timing.pass_inputs]))
+    assert Path(job.spec.timing.pass_inputs).parent == tmp_path / "timing"
     # new noise for the new attempt: no memo of the first attempt's passes (or of the accuracy run) holds them
     assert all(not np.allclose(x, y) for x in fresh for y in first)
     # its turn came no sooner than RETRY_AFTER_S after the decision (a slow spell given time to pass), and the wait
