@@ -173,7 +173,6 @@ def patched_stage(stage: str, old: str, new: str, solutions=None) -> dict:
     """The kernel cells of the kit's solution of ``stage`` with ``old`` replaced by ``new`` (it must occur exactly
     once, so a solution that changed fails the test that relies on it instead of testing nothing), executed in a
     fresh namespace as ``labkit.nbcells.load`` executes them."""
-    import linecache
     from pathlib import Path
 
     from labkit import nbcells, stages
@@ -188,9 +187,7 @@ def patched_stage(stage: str, old: str, new: str, solutions=None) -> dict:
     for k, (index, src) in enumerate(cells):
         if k == found[0]:
             src = src.replace(old, new)
-        filename = f"<patched {path.name} cell {index}>"
-        linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
-        exec(compile(src, filename, "exec"), ns)  # noqa: S102 - the kit's own solution, one line changed
+        nbcells.run_cell(src, f"<patched {path.name} cell {index}>", ns)
     return ns
 
 

@@ -144,6 +144,26 @@ def test_a_kernel_that_is_still_the_todo_stub_is_not_launched():
     assert out.copy_to_host().tolist() == [0, 1, 2, 3, 4]
 
 
+def test_a_written_cell_is_not_taken_for_the_stub_an_earlier_cell_of_the_same_name_was():
+    """A student's stub cell and the kit's written one loaded under the same cell name (the stub check reads the
+    kernel's source by that name): the written one launches. CI failed when a test compiled the solution under the
+    name a student notebook's stub had registered before."""
+    from labkit import nbcells
+
+    cell = ("from numba import cuda\n@cuda.jit\ndef k(out):\n    t = cuda.grid(1)\n    if t < out.size:\n"
+            "        {}\n")
+    name = "<99_same_name.ipynb cell 3>"
+    stub: dict = {}
+    nbcells.run_cell(cell.format("pass  # replace this line with your code"), name, stub)
+    out = cuda.to_device(np.zeros(4, np.float32))
+    with pytest.raises(NotImplementedError, match="k: replace this line"):
+        gpu.launch(stub["k"], out.size, out)
+    written: dict = {}
+    nbcells.run_cell(cell.format("out[t] = t"), name, written)
+    gpu.launch(written["k"], out.size, out)
+    assert out.copy_to_host().tolist() == [0, 1, 2, 3]
+
+
 def test_cuda_c_source_that_is_still_the_todo_stub_is_not_compiled():
     source = 'extern "C" __global__ void k(float* out) {\n    return;  // replace this line with your code\n}'
     with pytest.raises(NotImplementedError, match="the CUDA C source: replace this line with your code"):

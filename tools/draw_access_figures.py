@@ -180,8 +180,6 @@ HINT = re.compile(r"lk\.show\.failure\(VARIANTS\[[^\]]+\], '[^']+', '[^']+'\)")
 def slipped(stage: str, right: str, wrong: str) -> dict:
     """The kernel cells of stage ``stage``'s solution (its source) with ``right`` replaced by ``wrong``, loaded as a
     student's notebook binds them; ValueError when the solution no longer has ``right``."""
-    import linecache
-
     import labkit as lk
     from labkit import nbcells
     from labkit.stages import STAGES, solution
@@ -192,9 +190,7 @@ def slipped(stage: str, right: str, wrong: str) -> dict:
     for index, src in nbcells.tagged_cells(nb):
         found = found or right in src
         src = src.replace(right, wrong)
-        filename = f"<{STAGES[stage].notebook} cell {index}, with a slip>"
-        linecache.cache[filename] = (len(src), None, [ln + "\n" for ln in src.splitlines()], filename)
-        exec(compile(src, filename, "exec"), ns)  # noqa: S102 - the kit's own cells
+        nbcells.run_cell(src, f"<{STAGES[stage].notebook} cell {index}, with a slip>", ns)
     if not found:
         raise ValueError(f"stage {stage}'s solution no longer has {right!r}")
     assert lk  # the cells import labkit themselves

@@ -11,7 +11,6 @@ came from a solution notebook or from a release.
 from __future__ import annotations
 
 import json
-import linecache
 import re
 from pathlib import Path
 
@@ -93,7 +92,5 @@ def load(path: Path, notebook: str) -> dict:
     stem = Path(notebook).stem
     ns = {"__name__": f"labkit_nb_{re.sub(r'[^0-9A-Za-z_]', '_', stem)}"}
     for index, src in cells(Path(path).read_text(encoding="utf-8")):
-        filename = f"<{notebook} cell {index}>"
-        linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
-        exec(compile(src, filename, "exec"), ns)  # noqa: S102 - the kit's own released code
+        nbcells.run_cell(src, f"<{notebook} cell {index}>", ns)
     return ns

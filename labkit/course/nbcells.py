@@ -192,7 +192,21 @@ def load(path: str | Path, tag: str = KERNEL_TAG, namespace: dict | None = None)
                             f"must keep that tag (View > Cell Toolbar > Tags in Jupyter)")
     ns = {"__name__": f"labkit_nb_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"} if namespace is None else namespace
     for index, src in cells:
-        filename = f"<{notebook_name(path)} cell {index}>"
-        linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
-        exec(compile(src, filename, "exec"), ns)  # noqa: S102 - running the student's own cells is the point
+        run_cell(src, f"<{notebook_name(path)} cell {index}>", ns)
     return ns
+
+
+def register(src: str, filename: str) -> None:
+    """Make ``src`` the text that ``linecache`` (and so ``inspect`` and tracebacks) gives for ``filename``."""
+    linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
+
+
+def run_cell(src: str, filename: str, ns: dict):
+    """Compile ``src`` under ``filename``, register its text for that name and execute it in ``ns``; returns the
+    code object. The text must be registered each time: ``inspect.getsource`` (the stub check, tracebacks, the
+    simulator's failure lines) reads it by file name, so a cell compiled under a name another cell registered
+    before would be read as that other cell."""
+    register(src, filename)
+    code = compile(src, filename, "exec")
+    exec(code, ns)  # noqa: S102 - running notebook cells is the point
+    return code

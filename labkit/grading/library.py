@@ -149,10 +149,8 @@ class Code:
 def load_cells(path: str, record: set, trees: dict | None = None, define: tuple[str, ...] = ()) -> dict:
     """``labkit.nbcells.load`` that also records every code object its cells compile to (and their asts); with
     ``define``, also the untagged cells that define those functions (``nbcells.tagged_cells``)."""
-    import linecache
     import re
     from pathlib import Path
-
 
     path = Path(path)
     cells = nbcells.tagged_cells(nbcells._read_quick(path) or nbcells.read(path), define=define)
@@ -162,7 +160,7 @@ def load_cells(path: str, record: set, trees: dict | None = None, define: tuple[
     ns = {"__name__": f"labkit_nb_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"}
     for index, src in cells:
         filename = cell_filename(path.name, index)
-        linecache.cache[filename] = (len(src), None, [line + "\n" for line in src.splitlines()], filename)
+        nbcells.register(src, filename)
         code = compile(src, filename, "exec")
         record.update(code_objects(code))
         if trees is not None:
