@@ -53,3 +53,51 @@ def test_the_grader_runs_stage_10s_graph_and_pipeline_apart():
     assert not any(tasks.own_phases(s) for s in STAGES if s != "10")
     with pytest.raises(KeyError, match="stage 10 has no task 'nope'; its tasks are splitk, graph, streamed"):
         tasks.find("10", "nope")
+
+
+def test_a_task_is_numbered_by_its_place_and_its_heading_and_steps_come_from_the_registry():
+    from labkit import tile_steps
+
+    assert [t.number for t in tasks.of_stage("10")] == [1, 2, 3]
+    assert tasks.find("07", "matmul").heading == "Task 2 — the tiled matrix multiply"
+    assert tasks.find("03", "with_managed").heading == "Task — one managed-memory wrapper for every layer"
+    assert tasks.find("04", "classify").label == "uint8 in, probabilities out"
+    assert [name for _, name in tile_steps.STEPS] == list(tasks.find("09", "tiles").blocks)
+
+
+@pytest.mark.parametrize("slip", ["heading", "block", "order"])
+def test_make_student_refuses_a_solution_that_disagrees_with_the_registry(slip):
+    from test_notebooks import make_student
+
+    nb = nbformat.read(REPO / "solutions" / STAGES["07"].notebook, as_version=4)
+    assert make_student.task_problems(nb, "07") == []
+    specs = [c for c in nb.cells if c.cell_type == "markdown" and "## Task" in c.source]
+    if slip == "heading":
+        specs[1].source = specs[1].source.replace("the tiled matrix multiply", "the tiled product")
+        want = "the task headings are"
+    elif slip == "order":
+        specs[0].source, specs[1].source = specs[1].source, specs[0].source
+        want = "the task headings are"
+    else:
+        cell = next(c for c in nb.cells if c.cell_type == "code" and "BEGIN SOLUTION matmul" in c.source)
+        cell.source = cell.source.replace("BEGIN SOLUTION matmul", "BEGIN SOLUTION product")
+        want = "block 'product' belongs to no task of stage 07"
+    problems = make_student.task_problems(nb, "07")
+    assert problems and want in problems[0], problems
+
+
+def test_task_sizes_reads_the_registry_and_counts_every_stub_once():
+    """tools/task_sizes.py: each stage's tasks are its registry's, and their sizes add up to the stubs' counts; the
+    register tiles' largest step is its largest step's blocks, not the whole task."""
+    import tool_modules
+
+    task_sizes = tool_modules.load("task_sizes")
+    for student in sorted((REPO / "notebooks").glob("*.ipynb")):
+        found = task_sizes.sizes(student)
+        stubs = [int(n) for c in nbformat.read(student, as_version=4).cells if c.cell_type == "code"
+                 for n in task_sizes.STUB.findall(c.source)]
+        assert [t for t, *_ in found["tasks"]] == list(tasks.of_stage(student.name[:2])), student.name
+        assert sum(lines for _, lines, _ in found["tasks"]) == sum(stubs), student.name
+    tiles = next(t for t in task_sizes.sizes(REPO / "notebooks" / STAGES["09"].notebook)["tasks"]
+                 if t[0].name == "tiles")
+    assert 0 < tiles[2] < tiles[1]

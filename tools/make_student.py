@@ -12,6 +12,10 @@ twice from that one count: in the stub, and in the task's spec, which names the 
 ``{{lines:name}}`` ("7 lines"), or ``{{lines:a+b}}`` for a spec that covers several blocks. The solution notebook
 keeps the placeholder (its code is right below it); a name that no block has is an error.
 
+The tasks are the registry's (``labkit.course.tasks``): a solution is refused when its blocks are not exactly its
+stage's tasks' blocks, or when a task's spec heading is not the one the registry gives it (its number and title), so
+the student copy, the grader, the figures and the tile steps all speak of the same tasks.
+
 A solution cell tagged ``kit-only`` (``labkit.nbcells.KIT_ONLY_TAG``: the bench's variants of the kit's own
 kernels) is left out of the student copy.
 
@@ -37,6 +41,7 @@ import nbformat
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from labkit import nbcells  # noqa: E402 - a notebook and its source in step
+from labkit.course import tasks  # noqa: E402 - what a stage's tasks are: the registry
 from labkit.nbcells import KIT_ONLY_TAG  # noqa: E402 - the kit's own cells, not the students'
 from labkit.stages import STUB_MARK  # noqa: E402 - the marker the launch layer looks for
 
@@ -141,6 +146,22 @@ def student_notebook(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def task_problems(nb: nbformat.NotebookNode, stage: str) -> list[str]:
+    """What in a solution disagrees with its stage's tasks in the registry: a block no task owns, a task's block
+    missing, a task whose heading is not there or comes out of order."""
+    found = block_sizes(nb)
+    owned = [b for t in tasks.of_stage(stage) for b in t.blocks]
+    problems = [f"block {b!r} belongs to no task of stage {stage} (labkit/course/tasks.py)" for b in found
+                if b not in owned]
+    problems += [f"task {t.name!r}: no block {b!r}" for t in tasks.of_stage(stage) for b in t.blocks if b not in found]
+    headings = [ln[3:].strip() for c in nb.cells if c.cell_type == "markdown" for ln in c.source.splitlines()
+                if ln.startswith("## Task")]
+    wanted = [t.heading for t in tasks.of_stage(stage)]
+    if headings != wanted:
+        problems.append(f"the task headings are {headings}, the registry's {wanted}")
+    return problems
+
+
 def render(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
@@ -154,7 +175,11 @@ def build(solutions: Path = REPO / "solutions", notebooks: Path = REPO / "notebo
         if why:
             raise ValueError(f"{why}: edit the source and run `jupytext --sync {nbcells.source_of(src)}` first")
         try:
-            text = render(student_notebook(nbformat.read(src, as_version=4)))
+            nb = nbformat.read(src, as_version=4)
+            problems = task_problems(nb, src.name[:2])
+            if problems:
+                raise ValueError("; ".join(problems))
+            text = render(student_notebook(nb))
         except ValueError as exc:
             raise ValueError(f"{src.name}: {exc}") from None
         dst = notebooks / src.name

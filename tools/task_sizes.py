@@ -1,9 +1,9 @@
 """How much each student notebook asks: its TODO cells, its tasks, and the largest task's size in lines.
 
-A task is one spec (a markdown cell with "roughly N lines") and the stubs below it; its size is the sum of its
-stubs' counts, which tools/make_student.py computes from the solution blocks. A spec may split its task into parts
-with a size each (stage 09's register tiles: four steps, each checked on its own): the largest part is the most a
-student writes before a check says whether it works.
+The tasks are the registry's (``labkit.course.tasks``); a task's size is the lines of its solution blocks, counted
+as tools/make_student.py counts them for the stubs and the specs. A task written in steps checked one by one (stage
+09's register tiles: ``Task.steps``) is also sized per step: the largest step is the most a student writes before a
+check says whether it works; any other task is checked whole.
 
     python tools/task_sizes.py            # the table for notebooks/
     python tools/task_sizes.py --markdown # the same as a markdown table
@@ -19,30 +19,29 @@ from pathlib import Path
 import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import make_student  # noqa: E402 - one count of a block's lines
+from labkit.course import tasks  # noqa: E402 - the tasks, declared once
+
 STUB = re.compile(r"TODO: your code here \(the solution takes about (\d+) lines?\)")
-PART = re.compile(r"[Rr]oughly\s+(\d+)\s+lines?\b")
 
 
-def sizes(path: Path) -> dict:
-    """TODO cells, and (title, lines, largest part) for each task of one student notebook."""
-    nb = nbformat.read(path, as_version=4)
+def sizes(student: Path, solutions: Path = REPO / "solutions") -> dict:
+    """TODO cells of one student notebook, and (task, lines, largest step) for each of its stage's tasks."""
+    nb = nbformat.read(student, as_version=4)
     todo_cells = sum(1 for c in nb.cells if c.cell_type == "code" and STUB.search(c.source))
-    tasks, title, lines, parts = [], None, 0, []
+    blocks = make_student.block_sizes(nbformat.read(solutions / student.name, as_version=4))
+    found = []
+    for task in tasks.of_stage(student.name[:2]):
+        steps: dict[str, int] = {}
+        for step, block in zip(task.steps or ("whole",) * len(task.blocks), task.blocks):
+            steps[step] = steps.get(step, 0) + blocks[block]
+        found.append((task, sum(steps.values()), max(steps.values())))
+    return {"todo_cells": todo_cells, "tasks": found}
 
-    def close():
-        if title is not None and lines:
-            tasks.append((title, lines, max(parts, default=lines)))
 
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            close()
-            headings = [ln[3:] for ln in cell.source.splitlines() if ln.startswith("## ")]
-            title = (headings[-1] if len(headings[-1]) <= 30 else headings[-1][:29].rstrip() + "…") if headings else title
-            lines, parts = 0, [int(n) for n in PART.findall(cell.source)]
-        else:
-            lines += sum(int(n) for n in STUB.findall(cell.source))
-    close()
-    return {"todo_cells": todo_cells, "tasks": tasks}
+def _short(text: str, width: int = 30) -> str:
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
 
 
 def main(argv=None) -> int:
@@ -57,11 +56,11 @@ def main(argv=None) -> int:
     rows = []
     for path in paths:
         s = sizes(path)
-        largest = max(s["tasks"], key=lambda t: t[1], default=("-", 0, 0))
-        part = max((t[2] for t in s["tasks"]), default=0)
-        rows.append((path.stem, str(s["todo_cells"]), str(len(s["tasks"])), f"{largest[1] or '-'}",
-                     largest[0], f"{part or '-'}"))
-    head = ("notebook", "TODO cells", "tasks", "largest task (lines)", "which", "largest part before a check")
+        task, lines, _ = max(s["tasks"], key=lambda t: t[1], default=(None, 0, 0))
+        step = max((t[2] for t in s["tasks"]), default=0)
+        rows.append((path.stem, str(s["todo_cells"]), str(len(s["tasks"])), f"{lines or '-'}",
+                     _short(f"{task.number} {task.label}") if task else "-", f"{step or '-'}"))
+    head = ("notebook", "TODO cells", "tasks", "largest task (lines)", "which", "most lines before a check")
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for row in rows:

@@ -37,12 +37,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass
 class Scene:
-    """One task's figure (``name`` "05_task1": the file, and ``task`` the number its spec cell's heading says)."""
+    """One figure of a task (``labkit.course.tasks``): its file is named by the task's stage and number ("05_task1";
+    a second figure of the same task adds a ``suffix``, "04_task3b")."""
 
-    name: str
-    stage: str
-    task: int
-    task_name: str  # the task's name in ``labkit.tasks``: lk.show.task(stage, task_name)
+    of: tasks.Task
     caption: str  # what the figure shows, one sentence
     fn: object  # namespace (the solution's, or the notebook's) -> what runs
     kind: str = "conv"  # conv | kernel | cpu | timeline
@@ -59,6 +57,25 @@ class Scene:
     heads: tuple = ()
     shapes: dict = field(default_factory=dict)  # CUDA C: shared array -> shape, from the case
     dpi: int = 100
+    suffix: str = ""
+
+    @property
+    def stage(self) -> str:
+        return self.of.stage
+
+    @property
+    def task(self) -> int:
+        """The task's number, as its spec's heading says it."""
+        return self.of.number
+
+    @property
+    def task_name(self) -> str:
+        """The task's name: lk.show.task(stage, task_name)."""
+        return self.of.name
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage}_task{self.task}{self.suffix}"
 
 
 def _case(**kw) -> dict:
@@ -70,97 +87,98 @@ def _case(**kw) -> dict:
 # ------------------------------------------------------------------------------------------------ the scenes
 
 GLOBAL_1 = {"global load": "1", "global store": "1"}
+_task = tasks.find
 SCENES = [
-    Scene("02_task1", "02", 1, "prange", "prange over the images: thread t writes image t; over the maps (inside "
+    Scene(_task("02", "prange"), "prange over the images: thread t writes image t; over the maps (inside "
           "the serial image loop): thread t writes map t of every image", lambda s: (s.conv_prange_n, s.conv_prange_m),
           kind="cpu", case=_case(images=4, maps=4, size=(4, 4))),
-    Scene("02_task2", "02", 2, "prange_reduction", "only the reduction in parallel: the C·K·K products of one output "
+    Scene(_task("02", "prange_reduction"), "only the reduction in parallel: the C·K·K products of one output "
           "element, out[0, 0, 3, 3], shared among the threads in equal runs", lambda s: (s.conv_prange_reduction,),
           kind="cpu", case=_case(size=(6, 6)), element=(0, 0, 3, 3)),
-    Scene("02_task3", "02", 3, "gpu_mappings", "one thread per output element: the thread of out[0, 0, 3, 3] reads "
+    Scene(_task("02", "gpu_mappings"), "one thread per output element: the thread of out[0, 0, 3, 3] reads "
           "its C·K·K window of x and map 0's weights, all from global memory, and writes one element; one block "
           "per map: its thread of out[0, 0, 3, 3] reads the same window", lambda s: s.conv_thread_per_output,
           case=_case(), element=(0, 0, 3, 3), also=lambda s: s.conv_block_per_map,
           heads=("thread per output", "block per map"), most_epochs=2,
           budget={"global load": "101 (2·C·K² + 1)", "global store": "1"}),
-    Scene("02_task4", "02", 4, "tree", "one block per output element: each thread sums a quarter of the C·K·K "
+    Scene(_task("02", "tree"), "one block per output element: each thread sums a quarter of the C·K·K "
           "products, then the block adds its partial sums in shared memory, one level per barrier",
           lambda s: s.conv_reduction, case=_case(), element=(0, 0, 3, 3), most_epochs=5,
           budget={"global load": "27 (2·⌈C·K²/4⌉ + 1)"}),
-    Scene("03_task1", "03", 1, "with_managed", "one conv call through the managed wrapper: the host writes the "
+    Scene(_task("03", "with_managed"), "one conv call through the managed wrapper: the host writes the "
           "inputs into managed buffers, the kernel runs on them, the host waits, then reads the output back",
           lambda s: s.with_managed(s.GPU_LAYERS["conv"], "conv"), kind="timeline", run=cases.managed, case=_case()),
-    Scene("04_task1", "04", 1, "pad", "pad once: each thread copies one element of x into the padded buffer, or "
+    Scene(_task("04", "pad"), "pad once: each thread copies one element of x into the padded buffer, or "
           "writes a zero in the border", lambda s: s.pad_kernel, kind="kernel", run=cases.pad, case=_case(), thread=40,
           budget=GLOBAL_1),
-    Scene("04_task2", "04", 2, "padded", "no bounds tests: the thread of out[0, 0, 3, 3] reads its window of the "
+    Scene(_task("04", "padded"), "no bounds tests: the thread of out[0, 0, 3, 3] reads its window of the "
           "padded buffer, every element inside it", lambda s: s.conv_padded, case=_case(),
           kernel="conv_padded_kernel", element=(0, 0, 3, 3),
           budget={"global load": "101 (2·C·K² + 1)", "global store": "1"}),
-    Scene("04_task3", "04", 3, "classify", "normalize on the device: each thread turns one byte into one input "
+    Scene(_task("04", "classify"), "normalize on the device: each thread turns one byte into one input "
           "value", lambda s: s.normalize_kernel, kind="kernel", run=cases.normalize, case=_case(), thread=5,
           budget=GLOBAL_1),
-    Scene("04_task3b", "04", 3, "classify", "classify one image at a time: per image, the bytes go up, normalize "
+    Scene(_task("04", "classify"), "classify one image at a time: per image, the bytes go up, normalize "
           "and every layer run on the device, the probabilities come back", lambda s: s, kind="timeline",
-          run=cases.classify, case=_case()),
-    Scene("05_task1", "05", 1, "tiled_kernel", "tile + halo: T = 8, 2×2 tiles on a 12×12 image; the block of the "
+          run=cases.classify, case=_case(), suffix="b"),
+    Scene(_task("05", "tiled_kernel"), "tile + halo: T = 8, 2×2 tiles on a 12×12 image; the block of the "
           "bottom-right tile loads its 12×12 patch of x (IN = T + K − 1: rows and columns 6..17, of which 6..11 are "
           "in the image) and the map's weights per channel, then after the barrier each thread reads its K×K window "
           "of the tile", lambda s: s.make_tiled_kernel, kind="kernel", run=cases.tiled,
           case=_case(size=(12, 12), maps=1), block=3, thread=(1, 2),
           budget={"global load": "9 (C·(⌈IN²/T²⌉ + 1) + 1)", "shared load": "100 (2·C·K²)", "global store": "1"}),
-    Scene("05_task2", "05", 2, "tiled_launch", "the launch: one block per (tile, map, image); the whole block of "
+    Scene(_task("05", "tiled_launch"), "the launch: one block per (tile, map, image); the whole block of "
           "tile 1 (top right), with the patch of x it loads and the outputs it writes", lambda s: s.conv_tiled(8),
           case=_case(size=(12, 12), maps=1), block=1, most_epochs=3),
-    Scene("06_task1", "06", 1, "const_kernel", "uniform vs divergent constant reads: warp 0 of the uniform kernel "
+    Scene(_task("06", "const_kernel"), "uniform vs divergent constant reads: warp 0 of the uniform kernel "
           "(maps slowest) asks for one weight address per load, warp 0 of the divergent one (maps fastest) for one "
           "per map", lambda s: s.conv_const_uniform, case=_case(maps=4), kernel="conv_const_kernel", block=0, warp=0,
           also=lambda s: s.conv_const_divergent, heads=("uniform", "divergent"), most_epochs=2,
           budget={"global load": "51 (C·K² + 1)", "constant load": "50 (C·K²)", "warp": "1"}),
-    Scene("06_task2", "06", 2, "const_c", "the CUDA C kernel (on the CPU emulation): the thread of out[0, 0, 3, 3] "
+    Scene(_task("06", "const_c"), "the CUDA C kernel (on the CPU emulation): the thread of out[0, 0, 3, 3] "
           "reads its window of the padded input from global memory and the map's weights from the __constant__ "
           "array c_w", lambda s: s.conv_const_c, case=_case(), kernel="conv_const_c", element=(0, 0, 3, 3),
           budget={"global load": "51 (C·K² + 1)", "constant load": "50 (C·K²)", "global store": "1"}),
-    Scene("07_task1", "07", 1, "unroll", "unroll: each thread writes one element of the unrolled matrix (row "
+    Scene(_task("07", "unroll"), "unroll: each thread writes one element of the unrolled matrix (row "
           "(c, p, q), column (i, j)) from one element of x, or a zero in the padding", lambda s: s.unroll_kernel,
           kind="kernel", run=cases.unroll, case=_case(channels=1), block=4, thread=2, budget=GLOBAL_1),
-    Scene("07_task2", "07", 2, "matmul", "tiled product: per step the block loads a T×T tile of the weights and one "
+    Scene(_task("07", "matmul"), "tiled product: per step the block loads a T×T tile of the weights and one "
           "of the unrolled matrix; thread (tx 3, ty 1) then reads row 1 of the one and column 3 of the other",
           lambda s: s.conv_unroll_tiled, case=_case(), kernel="matmul_kernel", block=0, thread=(3, 1), most_epochs=4,
           budget={"global load": "15 (2·⌈C·K²/T⌉ + 1)", "global store": "1"}),
-    Scene("08_task1", "08", 1, "fused", "implicit GEMM with the pool in the epilogue: the thread gathers its tile "
+    Scene(_task("08", "fused"), "implicit GEMM with the pool in the epilogue: the thread gathers its tile "
           "elements straight from x (no unrolled matrix), and the first thread of each 2×2 window writes the pooled "
           "output", lambda s: s.conv_fused, case=_case(fuse=("relu", "pool")), element=(0, 0, 1, 1), most_epochs=4),
-    Scene("08_task2", "08", 2, "atomic", "atomics: one thread per (output, input channel) reads that channel's "
+    Scene(_task("08", "atomic"), "atomics: one thread per (output, input channel) reads that channel's "
           "window and weights and adds its sum into out with an atomic", lambda s: s.conv_atomic, case=_case(),
           kernel="conv_atomic_kernel", element=(0, 0, 3, 3),
           budget={"global load": "51 (2·K² + 1)", "global store": "1"}),
-    Scene("09_task1", "09", 1, "pooled", "one thread per pooled output: the thread of pooled output (0, 1, 1) reads "
+    Scene(_task("09", "pooled"), "one thread per pooled output: the thread of pooled output (0, 1, 1) reads "
           "its (K + POOL − 1)² window of every channel once and writes all M maps' pooled outputs",
           lambda s: s.conv_pooled, case=_case(fuse=("relu", "pool"), size=(8, 8)), element=(0, 1, 1, 1),
           budget={"global load": "74 (C·(K + POOL − 1)² + M)", "global store": "2 (M)",
                   "constant load": "400 (C·K²·POOL²·M)"}),
-    Scene("09_task2", "09", 2, "pooled_c", "the same kernel in CUDA C (on the CPU emulation): the thread of pooled "
+    Scene(_task("09", "pooled_c"), "the same kernel in CUDA C (on the CPU emulation): the thread of pooled "
           "output (0, 1, 1) reads its window once per channel and every map's weights from c_w",
           lambda s: s.conv_pooled_cuda(False), case=_case(fuse=("relu", "pool"), size=(8, 8)), element=(0, 1, 1, 1),
           budget={"global load": "74 (C·(K + POOL − 1)² + M)", "global store": "2 (M)",
                   "constant load": "400 (C·K²·POOL²·M)"}),
-    Scene("09_task3", "09", 3, "tiles", "register tiles (the CUDA C, on the CPU emulation): the block copies its "
+    Scene(_task("09", "tiles"), "register tiles (the CUDA C, on the CPU emulation): the block copies its "
           "maps' weights into shared memory laid out [c][p][q][m], then each thread loads a (TR + K − 1)×(TC + K − 1) "
           "window per channel once and reads every map's weight of each (c, p, q) side by side",
           lambda s: s.conv_tiles(), case=_case(fuse=("relu", "pool"), size=(8, 8)), kernel="conv_tiles",
           element=(0, 1, 1, 1), shapes={"ws": (50, 2)}, most_epochs=2,
           budget={"global load": "75 (C·(TR+K−1)(TC+K−1) + ⌈C·K²·M/TPB⌉ + M)", "global store": "2 (M)",
                   "shared load": "100 (C·K²·M)"}),
-    Scene("10_task1", "10", 1, "splitk", "split-K: block (0, 0, 1) adds up inputs 14..27 of its tile in two steps "
+    Scene(_task("10", "splitk"), "split-K: block (0, 0, 1) adds up inputs 14..27 of its tile in two steps "
           "of T = 8 (the second ends inside the step); thread (tx 3, ty 1) reads row 1 of the x tile and row 3 of "
           "the w tile and writes its sum into plane 1 of the partial sums", lambda s: s.fc_splitk, kind="kernel",
           run=cases.splitk, case=_case(), kernel="fc_splitk_kernel", block=(0, 0, 1), thread=(3, 1), most_epochs=5,
           budget={"global load": "4 (2·⌈kchunk/T⌉)", "global store": "1"}),
-    Scene("10_task2", "10", 2, "graph", "the whole call as one CUDA graph: the weights go up, the capture records "
+    Scene(_task("10", "graph"), "the whole call as one CUDA graph: the weights go up, the capture records "
           "a forward pass and the copy back once, then each call replays it and waits for its stream",
           lambda s: s.graph_call, kind="timeline", run=cases.graph, case=_case()),
-    Scene("10_task3", "10", 3, "streamed", "host bytes to host classes over two streams: chunk i's upload, forward "
+    Scene(_task("10", "streamed"), "host bytes to host classes over two streams: chunk i's upload, forward "
           "pass and download go to stream i % 2, then every stream is synchronized", lambda s: s.classify_streamed,
           kind="timeline", run=cases.streamed, case=_case()),
 ]

@@ -94,7 +94,7 @@ def task(stage: str, name: str, *, namespace: dict | None = None):
     for fig in figures:
         fig.set_dpi(TASK_DPI)
     if not scenes.of_task(stage, name):
-        print(f"task {found.name} ({found.title}) has no GPU work of its own to draw")
+        print(f"task {found.name} ({found.label}) has no GPU work of its own to draw")
     if len(figures) > 1:
         try:
             from IPython.display import display
@@ -119,7 +119,7 @@ def _task_figure(scene, found, namespace: dict):
     """One scene of a task on the notebook's code, above the spec's; None (and one line) when nothing to draw."""
     import textwrap
 
-    head = f"{scene.stage} task {scene.task} ({found.title})"
+    head = f"{scene.stage} task {scene.task} ({found.label})"
     try:
         yours = scenes.record_any(scene, namespace, scene.stage)
     except NotImplementedError as exc:

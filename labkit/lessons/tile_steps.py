@@ -18,13 +18,14 @@ import re
 import numpy as np
 
 from ..core.check import CheckResult, compare
+from ..course import tasks
 from ..course.stages import STUB_MARK, unavailable
 from ..launch import gpu
 from ..launch.cudacpu import LABEL
 
-#: (step, function) in the order a student writes them; sum_channels calls the two before it
-STEPS = (("a", "load_window"), ("b", "add_channel"), ("c", "stage_weights"), ("c", "sum_channels"),
-         ("d", "store_tile"))
+#: (step, function) in the order a student writes them, as the task declares them; sum_channels calls the two
+#: before it
+STEPS = tasks.find("09", "tiles").step_names
 NEEDS = {"sum_channels": ("load_window", "add_channel")}
 
 HARNESS = r"""
