@@ -42,7 +42,6 @@ LATE_IMPORTS: dict[tuple[str, str], str] = {
 LONG_MODULES = {
 }
 LONG_FUNCTIONS = {
-    "labkit/ops/gemm.py:kernel": 70,
 }
 
 

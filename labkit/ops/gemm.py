@@ -33,6 +33,9 @@ from ..launch import gpu, simulator
 #: unsigned indices in the tiles' loops: numba then leaves out its negative-index wraparound, which took a third of
 #: the registers (ptxas, sm_90: 166 -> 128 for the 8 x 10 tile, no spills)
 U = np.uint64
+#: how a split's sums reach ``dst``: "planes" (each split its own plane of ``dst`` (splits, N, OUT), no bias); "bias"
+#: (one split, the bias added; ``dst`` (1, N, OUT)); "atomic" (each split adds its sums into ``dst`` (1, N, OUT)
+#: holding the bias: ``fill_bias`` first)
 STORES = ("planes", "bias", "atomic")
 
 
@@ -58,6 +61,13 @@ class Tiles:
     @property
     def threads(self) -> int:
         return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def layout(self) -> tuple[int, int, int, int, int]:
+        """(threads along the outputs, along the images; rows of a step's slice loaded at once, as each thread keeps
+        one input column; rounds to load the x slice, the w slice: constant trip counts, so unrolled with no
+        division per element)."""
+        rows = self.threads // self.bk
+        return self.bn // self.tn, self.bm // self.tm, rows, -(-self.bm // rows), -(-self.bn // rows)
 
     def __str__(self) -> str:
         return f"{self.bm} x {self.bn} tiles, {self.tm} x {self.tn} per thread, {self.bk} inputs a step"
@@ -86,27 +96,26 @@ class Plan:
 # ------------------------------------------------------------------------------------------------------ kernels
 
 
-@functools.cache
-def kernel(tiles: Tiles, store: str = "planes", registers: int = 0):
-    """The kernel for ``tiles`` (compiled once per tiles, store and register cap). Grid: (image tiles, output tiles,
-    splits), ``tiles.threads`` threads a block; arguments ``(x, w, b, dst, span)`` with ``dst`` of shape
-    (splits, N, OUT) for ``store="planes"`` (each split its own plane, no bias), else (1, N, OUT): ``"bias"`` (one
-    split, the bias added), ``"atomic"`` (each split adds its sums into ``dst`` holding the bias: ``fill_bias``
-    first). ``registers``: a cap per thread (numba's ``max_registers``; 0: none; the simulator has none)."""
+def _compiling(store: str, registers: int):
+    """(whether ``store`` writes planes, adds atomically; the jit decorator with the register cap, if any)."""
     if store not in STORES:
         raise ValueError(f"kernel: store must be one of {', '.join(STORES)}, not {store!r}")
-    BM, BN, TM, TN, BK = tiles.bm, tiles.bn, tiles.tm, tiles.tn, tiles.bk
-    ACROSS, DOWN = BN // TN, BM // TM  # threads along the outputs, along the images
-    ROWS = tiles.threads // BK  # rows of a step's slice loaded at once: each thread keeps one input column
-    X_ROUNDS, W_ROUNDS = -(-BM // ROWS), -(-BN // ROWS)  # constant trip counts: unrolled, no division per element
-    XPAD, WPAD = BM + 1, BN + 1  # padded rows: the transposing stores into shared memory miss no bank
-    PLANES, ATOMIC = store == "planes", store == "atomic"
     jit = cuda.jit(max_registers=registers) if registers and not simulator.active() else cuda.jit
+    return store == "planes", store == "atomic", jit
+
+
+@functools.cache
+def kernel(tiles: Tiles, store: str = "planes", registers: int = 0):
+    """The kernel for ``tiles``, ``store`` (``STORES``) and a register cap per thread (numba's ``max_registers``; 0:
+    none). Grid: (image tiles, output tiles, splits), ``tiles.threads`` threads a block; ``(x, w, b, dst, span)``."""
+    PLANES, ATOMIC, jit = _compiling(store, registers)
+    BM, BN, TM, TN, BK = tiles.bm, tiles.bn, tiles.tm, tiles.tn, tiles.bk
+    ACROSS, DOWN, ROWS, X_ROUNDS, W_ROUNDS = tiles.layout()
+    XPAD, WPAD = BM + 1, BN + 1  # padded rows: the transposing stores into shared memory miss no bank
 
     @jit
     def fc_register_tiles(x, w, b, dst, span):
-        N, K = x.shape
-        OUT = w.shape[0]
+        N, K, OUT = x.shape[0], x.shape[1], w.shape[0]
         xt = cuda.shared.array((BK, XPAD), float32)  # [input][image]: the step's slice of x, transposed
         wt = cuda.shared.array((BK, WPAD), float32)  # [input][output]
         sums = cuda.local.array((TM, TN), float32)
@@ -116,8 +125,7 @@ def kernel(tiles: Tiles, store: str = "planes", registers: int = 0):
         across, down = me % ACROSS, me // ACROSS
         column, row0 = me % BK, me // BK
         img0, out0, split = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN, cuda.blockIdx.z
-        start = split * span
-        stop = min(K, start + span)
+        start, stop = split * span, min(K, split * span + span)
         for i in range(TM):
             for j in range(TN):
                 sums[i, j] = float32(0.0)
