@@ -217,3 +217,23 @@ def test_every_subpackage_is_installed():
     found = {".".join(p.parent.relative_to(REPO).parts) for p in PACKAGE.rglob("__init__.py")
              if "__pycache__" not in p.parts}
     assert listed == found
+
+
+#: class names that several modules define with one meaning: each of the kit's own kernels has its compile-time
+#: choices (Config) and a layer's launch of it (Plan)
+SHARED_CLASS_NAMES = {"Config": "a kernel's compile-time choices", "Plan": "how a layer launches the kernel"}
+
+
+def test_one_meaning_per_class_name():
+    """A public class name names one thing in the package (the review found three classes called Job); a name that
+    several kernels share for the same role is listed above with that role."""
+    where: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(name)
+    twice = {c: m for c, m in where.items() if len(m) > 1 and c not in SHARED_CLASS_NAMES}
+    assert not twice, f"class names defined in more than one module: {twice}"
+    gone = [c for c in SHARED_CLASS_NAMES if len(where.get(c, ())) < 2]
+    assert not gone, f"take these off SHARED_CLASS_NAMES: {gone}"

@@ -2,7 +2,7 @@
 
 The release's line search (``labkit.release``) finds a solution copied into a file. Code that answers a task in
 other words (the kit's own split-K fc, a graph the bench captures and replays) shares no line with the solution and
-passes it. Each ``Shape`` here is the structure one task's answer cannot do without, found in Python's syntax tree
+passes it. Each ``AnswerShape`` here is the structure one task's answer cannot do without, found in Python's syntax tree
 (numba kernels included) or in CUDA C held in a Python string:
 
 - ``split-K`` (stage 10, task 1): a loop over the range of the reduction that ``blockIdx.z`` picks (the inputs sliced
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Shape:
+class AnswerShape:
     name: str
     stage: str
     task: str  # the task's name in ``labkit.tasks``
@@ -36,24 +36,24 @@ class Shape:
 
 
 SHAPES = (
-    Shape("split-K", "10", "splitk",
+    AnswerShape("split-K", "10", "splitk",
           "partial sums over slices of K picked by blockIdx.z, stored per slice or atomically"),
-    Shape("graph", "10", "graph", "a call captured into a CUDA graph and replayed"),
-    Shape("streamed", "10", "streamed", "chunks handed to lanes in turn (i % n), then the lanes synchronized"),
+    AnswerShape("graph", "10", "graph", "a call captured into a CUDA graph and replayed"),
+    AnswerShape("streamed", "10", "streamed", "chunks handed to lanes in turn (i % n), then the lanes synchronized"),
 )
 BY_NAME = {s.name: s for s in SHAPES}
 
 
 @dataclass(frozen=True)
 class Found:
-    shape: Shape
+    shape: AnswerShape
     where: str  # "function fc_register_tiles (line 105)", "CUDA C kernel fc_cuda_tiles (string at line 33)"
 
     def __str__(self) -> str:
         return f"{self.shape.name} in {self.where}"
 
 
-def of_stages(first: str) -> tuple[Shape, ...]:
+def of_stages(first: str) -> tuple[AnswerShape, ...]:
     """The shapes of the tasks of stage ``first`` and every later one: what a release of milestone ``first`` must
     not hold."""
     return tuple(s for s in SHAPES if s.stage >= first)

@@ -123,7 +123,7 @@ def gpu_syncs(gpu_here: bool) -> tuple:
     return tuple(syncs)
 
 
-class Clock:
+class ChildClock:
     """The engine's clock in the child (``section(name)``, ``seconds()``, as ``labkit.timing.Clock``): CUDA events
     for GPU code on a GPU, else ``perf_counter`` between synchronizations. Each clock takes the functions bound at
     import when it is made, and binds its own methods, so a patch made while a pass runs does not reach it."""

@@ -198,11 +198,11 @@ class GradingChild:
         """A clock per timed pass (the last pass compared, labkit put back first), and the clock's method."""
         events = self.info.kind == "gpu" and self.job.variants[name].target == "gpu"
 
-        def make_clock() -> timed.Clock:
+        def make_clock() -> timed.ChildClock:
             if self.student_code:
                 self.compare(what)
             self.restore()
-            return timed.Clock(events, self.syncs)
+            return timed.ChildClock(events, self.syncs)
 
         return make_clock, "cuda-events" if events else "perf_counter"
 

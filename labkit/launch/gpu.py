@@ -40,7 +40,7 @@ _recorders: list = []  # objects with activity(name, kind, nbytes) -> context ma
 
 @contextmanager
 def recording(recorder):
-    """Send every launch and copy made inside the block to ``recorder`` (a ``Counts`` or a ``labkit.Profiler``)."""
+    """Send every launch and copy made inside the block to ``recorder`` (a ``Traffic`` or a ``labkit.Profiler``)."""
     _recorders.append(recorder)
     try:
         yield recorder
@@ -58,7 +58,7 @@ def _recorded(kind: str, name: str, nbytes: int, call: Callable, **info):
 
 
 @dataclass
-class Counts:
+class Traffic:
     """Launches and copies counted while ``counting()`` is active: the quantities stage 04 is about."""
 
     launches: int = 0
@@ -96,7 +96,7 @@ class Counts:
 @contextmanager
 def counting():
     """``with counting() as c: ...`` then ``c.launches``, ``c.htod``, ``c.dtoh``, ``c.htod_bytes`` ..."""
-    with recording(Counts()) as counts:
+    with recording(Traffic()) as counts:
         yield counts
 
 
@@ -214,7 +214,8 @@ STATIC_SHARED = 48 * 1024
 
 def launch_raw(kernel, grid, block, args: tuple, shared_bytes: int = 0):
     """Launch a CUDA C kernel of ``raw_module`` (``kernel(grid, block, args)``; a cupy RawModule's or the CPU
-    emulation's), counted and recorded like every other launch. Array arguments may be cupy arrays or any C-contiguous device array (numba's, PyTorch's):
+    emulation's), counted and recorded like every other launch. Array arguments may be cupy arrays or any
+    C-contiguous device array (numba's, PyTorch's):
     those go in as their device pointers, because wrapping each in a cupy array costs tens of microseconds a
     launch, which a timing of a millisecond kernel would otherwise include. Inside ``with lane:`` a cupy kernel
     goes to the lane's stream (``with lane.cupy``); the CPU emulation runs at once, in call order."""

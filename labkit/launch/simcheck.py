@@ -54,7 +54,7 @@ def _dim(d) -> str:
 
 
 @dataclass
-class Launch:
+class SimLaunch:
     """What one simulated launch did: its memory operations and the conflicts found among them."""
 
     kernel: str
@@ -88,11 +88,11 @@ class Launch:
 class Watch:
     """The launches made inside ``watching()``."""
 
-    launches: list[Launch] = field(default_factory=list)
-    log: bool = False  # keep every access of every launch (Launch.accesses)
+    launches: list[SimLaunch] = field(default_factory=list)
+    log: bool = False  # keep every access of every launch (SimLaunch.accesses)
 
     @property
-    def conflicts(self) -> list[Launch]:
+    def conflicts(self) -> list[SimLaunch]:
         return [launch for launch in self.launches if launch.conflict_count]
 
     def totals(self) -> Counter:
@@ -119,7 +119,7 @@ class _Recorder:
     """The accesses of one launch, appended as they happen (the cheap part, in the simulated threads) and judged
     once the launch has ended (in the launching thread)."""
 
-    def __init__(self, launch: Launch, named: list[tuple[int, int, str, np.ndarray]]):
+    def __init__(self, launch: SimLaunch, named: list[tuple[int, int, str, np.ndarray]]):
         self.launch = launch
         self.named = named  # (start address, end address, name, array) of the kernel's array arguments
         self.bases: dict = {}  # id(array) -> (address, strides, array)
@@ -189,7 +189,7 @@ class _Recorder:
         self.log.clear()
 
     def keep(self) -> None:
-        """The log as plain records, each element named by its array and flat index (Launch.accesses)."""
+        """The log as plain records, each element named by its array and flat index (SimLaunch.accesses)."""
         launch, accesses = self.launch, []
         by_id = {id(arr): (name, arr) for _, _, name, arr in self.named}
         for kind, addr, t, epoch, store, atomic, _, _, array, idx in self.log:
@@ -340,7 +340,7 @@ def _launch_patch(sim_kernel) -> tuple:
                 start = arr.__array_interface__["data"][0]
                 named.append((start, start + arr.nbytes, names[i] if i < len(names) else f"arg{i}", arr))
         grid, block = sim_kernel.normalize_kernel_dimensions(self.grid_dim, self.block_dim)
-        launch = Launch(getattr(self.fn, "__name__", "kernel"), tuple(grid), tuple(block))
+        launch = SimLaunch(getattr(self.fn, "__name__", "kernel"), tuple(grid), tuple(block))
         recorder = _current[0] = _Recorder(launch, named)
         try:
             return orig_call(self, *args)
@@ -415,7 +415,7 @@ _names: dict = {}  # id(shared or constant array) -> (the kernel's name for it, 
 def watching(log: bool = False):
     """Record and judge every simulated launch made inside the block: ``with watching() as w: ...`` then
     ``w.conflicts`` (launches with races) and ``w.totals()`` (loads and stores); ``log=True`` also keeps every
-    access (``Launch.accesses``). Does nothing on a real GPU."""
+    access (``SimLaunch.accesses``). Does nothing on a real GPU."""
     watch = Watch(log=log)
     if not simulator.active():
         yield watch

@@ -6,7 +6,7 @@ from a second build of the same source and options, compiled with ThreadSanitize
 the calls land in ``RECORDER`` below, which keeps the accesses that fall in the launch's array arguments, its
 ``__constant__`` arrays and its ``__shared__`` memory, with the block, the thread and the thread's barrier epoch
 (``__syncthreads`` is renamed in the kernel's unit so that the recorder counts it). Each launch becomes a
-``labkit.simcheck.Launch`` with ``accesses`` and ``arrays``, appended to ``watch.launches`` in launch order, as a
+``labkit.simcheck.SimLaunch`` with ``accesses`` and ``arrays``, appended to ``watch.launches`` in launch order, as a
 numba kernel's on the simulator: ``labkit.access`` draws both alike.
 
 Names: a pointer parameter's from the kernel's parameter list, a ``__constant__`` array's from the source, shaped
@@ -25,7 +25,7 @@ import numpy as np
 from ..launch import gpu
 from ..launch.cudacpu import compiler, sources
 from ..launch.cudacpu.module import LaunchError, Module, _three, pack, pointer_of
-from ..launch.simcheck import Launch
+from ..launch.simcheck import SimLaunch
 
 RECORDER = r"""// labkit.lessons.cuda_record: ThreadSanitizer's entry points, keeping the accesses inside registered ranges.
 #include <stddef.h>
@@ -287,7 +287,7 @@ def _launch(kernel, grid, block, args: tuple) -> None:
     status = rec.lib.cudacpu_launch(mine._call, pointers, (ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), error,
                                     ctypes.c_size_t(300))
     rows = buffer[:ROW * int(rec.lib.cudacpu_record_count())].reshape(-1, ROW)
-    launch = Launch(kernel.name, g, b)
+    launch = SimLaunch(kernel.name, g, b)
     launch.accesses = [(named[r[0]][0], int(r[1]), (int(r[2]), int(r[3]), int(r[4])), (int(r[5]), int(r[6]), int(r[7])),
                         int(r[8]), bool(r[9]), False) for r in rows]
     launch.arrays = {name: (kind, shape) for name, kind, shape in named

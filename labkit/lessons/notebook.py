@@ -206,7 +206,7 @@ def table(runs: dict[str, NetRun], per_image: bool = False, baseline: str | None
           counts: dict | None = None) -> None:
     """One line per run: each conv layer, all conv layers and the total (seconds, or milliseconds per image when
     ``per_image``, for runs of different sizes), the speedup of the total over ``baseline`` (default: the first
-    run), and with ``counts`` (name -> ``labkit.gpu.Counts`` of one pass) its launches and copies."""
+    run), and with ``counts`` (name -> ``labkit.gpu.Traffic`` of one pass) its launches and copies."""
     if not runs:
         print("nothing measured yet")
         return
