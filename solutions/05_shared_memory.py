@@ -195,14 +195,7 @@ else:
 # Fashion-MNIST's 10000 test images. Under the report of each: the throughput of every layer.
 
 # %%
-runs = {}
-for name, n in (("cifar10", 1200), ("cifar10", 50000), ("fashion", 10000)):
-    wl = lk.workload(name, n, target="gpu", tile=True)
-    for variant, run in lk.notebook.run_variants(VARIANTS, wl, checked, repeat=3).items():
-        runs[f"{variant} {name} {wl.images}"] = run
-    if wl.simulated:
-        break
-lk.notebook.table({k: v for k, v in runs.items() if " cifar10 " in k})
+runs = lk.notebook.measure(VARIANTS, checked)
 
 # %% [markdown]
 # ## Plot
@@ -211,15 +204,7 @@ lk.notebook.table({k: v for k, v in runs.items() if " cifar10 " in k})
 # GPU results on a machine without one).
 
 # %%
-import matplotlib.pyplot as plt
-
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5), layout="constrained")
-plt.close(fig)
-first = {k.split()[0]: r for k, r in runs.items() if " cifar10 " in k and r.report.images == min(
-    x.report.images for x in runs.values())}
-lk.notebook.ladder("05", runs=first, ax=left)
-lk.notebook.roofline("05", first, ax=right)
-fig
+lk.notebook.ladder_and_roofline("05", runs)
 
 # %% [markdown]
 # ## Reflect

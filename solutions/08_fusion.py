@@ -222,28 +222,13 @@ else:
 # ## Measure
 
 # %%
-runs = {}
-for name, n in (("cifar10", 1200), ("cifar10", 50000), ("fashion", 10000)):
-    wl = lk.workload(name, n, target="gpu", tile=True)
-    for v, run in lk.notebook.run_variants(VARIANTS, wl, checked, repeat=3).items():
-        runs[f"{v} {name} {wl.images}"] = run
-    if wl.simulated:
-        break
-lk.notebook.table({k: v for k, v in runs.items() if " cifar10 " in k})
+runs = lk.notebook.measure(VARIANTS, checked)
 
 # %% [markdown]
 # ## Plot
 
 # %%
-import matplotlib.pyplot as plt
-
-fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5), layout="constrained")
-plt.close(fig)
-small = {k.split()[0]: r for k, r in runs.items() if " cifar10 " in k and r.report.images == min(
-    x.report.images for x in runs.values())}
-lk.notebook.ladder("08", runs=small, ax=left)
-lk.notebook.roofline("08", small, ax=right)
-fig
+lk.notebook.ladder_and_roofline("08", runs)
 
 # %% [markdown]
 # ## Reflect

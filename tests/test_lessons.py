@@ -18,8 +18,8 @@ from test_notebooks import REPO, SOLUTIONS, STUDENT, make_student  # noqa: E402 
 # ------------------------------------------------------------------------ findings only after the measure cells
 
 #: the calls that measure something: a cell with one of them is a measure cell
-MEASURE_CALLS = ("run_variants(", "lk.counts.", "lk.tune.tune(", "lk.measure(", "lk.run(", "lk.engine.run(",
-                 "lk.Profiler", "lk.measured.show(")
+MEASURE_CALLS = ("run_variants(", "lk.notebook.measure(", "lk.counts.", "lk.tune.tune(", "lk.measure(", "lk.run(",
+                 "lk.engine.run(", "lk.Profiler", "lk.measured.show(")
 #: words that announce how a measurement comes out
 VERDICT = re.compile(r"\b(beats?|beating|beaten|lose|loses|losing|wins?|winning|winners?|outperforms?|outperformed|"
                      r"faster than|slower than|better than|worse than|best for|worst|pays off|differs per layer)\b",

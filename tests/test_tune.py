@@ -92,3 +92,24 @@ def test_by_images_calls_the_choice_tuned_for_the_nearest_size():
                      ("big", 90000)]
     with pytest.raises(ValueError, match="conv2"):
         tune.by_images({1200: {"conv2": small}, 50000: {}})
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU every candidate is checked before it is timed")
+def test_given_candidates_are_not_checked_again_on_the_simulator_and_own_ones_are(monkeypatch):
+    """A candidate from an earlier stage's given code says "given" (the kit's tests check it); the same wrong kernel
+    as the notebook's own code (stage 09's cells) is checked and fails."""
+    from labkit import nbcells
+
+    def made_in(cell: str):
+        ns = {"bug": conv_grid_bug}
+        nbcells.run_cell("def conv_in_a_cell(*args):\n    return bug(*args)\n", cell, ns)
+        return ns["conv_in_a_cell"]
+
+    cands = [tune.Candidate("from 05", {}, made_in("<05_shared_memory.ipynb cell 4>")),
+             tune.Candidate("own", {}, made_in("<09_per_layer_tuning.ipynb cell 4>"))]
+    t = tune.tune({"conv1": cands}, "fashion", 7, quiet=True)
+    verdicts = {tr.candidate.name: (tr.check.passed, tr.check.note, tr.check.given) for tr in t.trials}
+    assert verdicts == {"from 05": (True, tune.GIVEN, "stage 05"), "own": (False, "", "")}
+    lines = t.table().splitlines()
+    assert any("from 05" in ln and "given" in ln for ln in lines) and any("own" in ln and "FAIL" in ln for ln in lines)
+    assert f"given: {tune.GIVEN}" in lines

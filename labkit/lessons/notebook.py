@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from ..core import engine
 from ..core.check import check_variant, given_summary
 from ..core.engine import NetRun, run
-from ..core.workloads import Workload
+from ..core.workloads import Workload, workload
 from ..course.stages import STAGES, Variant, order_key
 from ..ladder import ceilings, measured, plots
 from ..launch import device, gpu
@@ -120,6 +120,44 @@ def run_variants(variants: dict[str, Variant], wl: Workload, checked: Checked, n
     if any(r.report.simulated for r in runs.values()):
         print("(simulated: these times measure the CUDA simulator, not a GPU)")
     return runs
+
+
+#: the workloads a stage's Measure cell runs every variant on: the small one first (the simulator stops there)
+STAGE_WORKLOADS = (("cifar10", 1200), ("cifar10", 50000), ("fashion", 10000))
+
+
+def measure(variants: dict[str, Variant], checked: Checked, repeat: int = 3) -> dict[str, NetRun]:
+    """A stage's Measure cell: every variant that passed, on each of ``STAGE_WORKLOADS`` its net runs (on the
+    simulator only the first, shrunk), keyed "variant net images"; prints one line a run and the CIFAR-10 table."""
+    runs = {}
+    for net, images in STAGE_WORKLOADS:
+        wl = workload(net, images, target="gpu", tile=True)
+        names = [v for v, var in variants.items() if net in var.nets]
+        for name, found in run_variants(variants, wl, checked, names, repeat=repeat).items():
+            runs[f"{name} {net} {wl.images}"] = found
+        if wl.simulated:
+            break
+    table({k: v for k, v in runs.items() if " cifar10 " in k})
+    return runs
+
+
+def smallest(runs: dict[str, NetRun]) -> dict[str, NetRun]:
+    """The CIFAR-10 runs of ``measure`` at its smallest workload, keyed by variant: what the ladder compares."""
+    least = min((r.report.images for r in runs.values()), default=0)
+    return {k.split()[0]: r for k, r in runs.items() if " cifar10 " in k and r.report.images == least}
+
+
+def ladder_and_roofline(stage: str, runs: dict[str, NetRun]):
+    """A stage's Plot cell: this stage on the ladder of the earlier ones (left) and its conv layers on the device's
+    roofline (right), from ``measure``'s smallest CIFAR-10 runs."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 4.5), layout="constrained")
+    plt.close(fig)
+    small = smallest(runs)
+    ladder(stage, runs=small, ax=left)
+    roofline(stage, small, ax=right)
+    return fig
 
 
 def committed(stage: str) -> measured.Results | None:
