@@ -158,7 +158,7 @@ def task_problems(nb: nbformat.NotebookNode, stage: str) -> list[str]:
                 if ln.startswith("## Task")]
     wanted = [t.heading for t in tasks.of_stage(stage)]
     if headings != wanted:
-        problems.append(f"the task headings are {headings}, the registry's {wanted}")
+        problems.append(f"the task headings are {headings}; labkit/course/tasks.py gives {wanted}: make them agree")
     return problems
 
 

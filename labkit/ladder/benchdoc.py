@@ -255,14 +255,24 @@ def _whole(row: dict) -> str:
     return f"{_f(w)} ({_f(lo)}-{_f(hi)}){graph}"
 
 
+def e2e_measured(row: dict, differ: str = " differ") -> tuple[float, float, str] | None:
+    """An end-to-end row's range and whether its classes equal the reference's ("yes", or "NO (n differ)" with
+    ``differ`` after the count); None for a row without a time (its ``error`` says why). The bench's text table and
+    this page's both print from it."""
+    if "e2e_s" not in row:
+        return None
+    lo, hi = row["e2e_range"]
+    return lo, hi, "yes" if row.get("classes_equal") else f"NO ({row.get('classes_differing')}{differ})"
+
+
 def _e2e_table(rows: list[dict]) -> list[str]:
     out = ["| stage | chunk | streams | end to end s | range s | runs | = ref |", "|" + "---|" * 7]
     for r in rows:
-        if "e2e_s" not in r:
+        measured = e2e_measured(r)
+        if measured is None:
             out.append(f"| {_cell(r.get('stage', '?'))} | - | - | {_cell(_why(r))} | - | - | - |")
             continue
-        lo, hi = r["e2e_range"]
-        same = "yes" if r.get("classes_equal") else f"NO ({r.get('classes_differing')} differ)"
+        lo, hi, same = measured
         out.append(f"| {_cell(r.get('stage', '?'))} | {r.get('chunk', '-')} | {r.get('streams', '-')} | "
                    f"{_f(r['e2e_s'])} | {_f(lo)}-{_f(hi)} | {r.get('e2e_runs', '-')} | {same} |")
     return out
