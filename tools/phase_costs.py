@@ -4,6 +4,7 @@
                                      [--cache] [--rubric PATH] [--seed N] [--unsandboxed]
     python3 tools/phase_costs.py OUT --tables                   # the tables again, from OUT's reports
     python3 tools/phase_costs.py OUT --compare OUT2 [OUT3 ...]  # the runs' means side by side
+    python3 tools/phase_costs.py OUT --join PART1 PART2 [...]   # parts of one mix (run beside each other) as one
 
 writes a class under OUT/class: for every stage, ``--correct`` copies of the kit's solution and ``--wrong`` wrong
 submissions (the untouched student copy first, then the stage's kinds of tests/wrong_submissions.py), and grades it
@@ -233,6 +234,42 @@ def tables_again(args) -> int:
     return 0
 
 
+def join(args) -> int:
+    """Parts of one mix graded apart (their stages on two GPUs at once, or in two calls) written as one run into
+    OUT: the stages, reference jobs and rows of each, in the order the parts are named; a stage in two parts is
+    refused. The command names the parts' commands; the date and device are the first part's."""
+    made, walls, left_out, rows, commands, report = {}, {}, [], [], [], None
+    for part in args.join:
+        try:
+            old = json.loads((part / "phase_costs.json").read_text())
+            grades = json.loads((part / "grades" / "grades.json").read_text())
+        except (OSError, ValueError) as exc:
+            print(f"--join: {part} holds no phase_costs run ({exc})", file=sys.stderr)
+            return 2
+        twice = sorted(set(old["meta"]["class"]) & set(made))
+        if twice:
+            print(f"--join: stage {twice[0]} is in two parts; join parts of different stages", file=sys.stderr)
+            return 2
+        made.update(old["meta"]["class"])
+        walls.update(old["meta"]["runs"])
+        left_out += old["meta"].get("left_out", [])
+        rows += grades["rows"]
+        commands.append(old["meta"]["command"])
+        if report is None:
+            report = grades
+            report["meta"]["date"] = old["meta"]["date"]
+            for key in ("rubric", "correct", "wrong", "cache"):
+                setattr(args, key, old["meta"].get(key, getattr(args, key)))
+    report["rows"] = rows
+    args.command = " and ".join(commands) + ", joined"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "grades").mkdir(exist_ok=True)
+    (args.out / "grades" / "grades.json").write_text(json.dumps(report, indent=1, default=str))
+    write_tables(args.out, made, walls, left_out, report, args)
+    print((args.out / "phase_costs.md").read_text())
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
@@ -250,8 +287,12 @@ def main(argv=None) -> int:
                     help="only write the tables again from OUT's reports (a run that was cut, or a newer table)")
     ap.add_argument("--compare", nargs="+", type=Path, default=None,
                     help="print one line per earlier OUT named here (with OUT itself first), side by side")
+    ap.add_argument("--join", nargs="+", type=Path, default=None,
+                    help="write the runs named here (parts of one mix, of different stages) into OUT as one")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.join:
+        return join(args)
     if args.tables:
         return tables_again(args)
     if args.compare:
