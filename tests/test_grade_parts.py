@@ -575,3 +575,50 @@ def test_on_a_gpu_the_technique_is_counted_again_in_a_simulator_child(tmp_path, 
     gpu_job.outcome.checks_done, gpu_job.outcome.accuracy_done = True, True
     details = gpu_job.row()["details"]
     assert details["technique"] == token.technique["line"] and details["technique_gpu"].endswith("1024 bytes)")
+
+
+def _stage09_plan(tmp_path, monkeypatch, variants: list[str]):
+    """Stage 09 planned with the shipped rubric, grading ``variants`` and timing the last (its solution's
+    declaration stood in for: the plan's rules only)."""
+    from labkit.grading import plan as planning
+    from labkit.grading.protocol import VariantSpec
+
+    spec = {n: VariantSpec(name=n, target="gpu", arrays="device", per_image=False, nets=("cifar10",),
+                           layers={"cifar10": ["conv1", "conv2"]}) for n in ("pooled", "tuned_cifar10")}
+    monkeypatch.setattr(planning, "describe_stage", lambda solution: (spec, list(spec)))
+    monkeypatch.setattr(planning, "in_step", lambda stage, solutions: None)
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text(f'[stage."09"]\nvariants = {json.dumps(variants)}\ntimed_variant = "{variants[-1]}"\n')
+    return planning.plan_stage(STAGES["09"], tmp_path, grading.load_rubric(rubric), gpu=True, simulated=False)
+
+
+def test_the_technique_is_counted_on_the_students_kernel_whatever_variant_is_timed(tmp_path, monkeypatch):
+    """On an H100, a rubric timing stage 09's tuned_cifar10 took the kit's own solution's technique points: the tuner
+    had chosen given code for conv2, and the technique was counted on the timed variant. The shipped rubric names
+    the variant whose conv is the student's (technique.variant); one that does not grade it is refused."""
+    plan = _stage09_plan(tmp_path, monkeypatch, ["pooled", "tuned_cifar10"])
+    assert plan.timed == "tuned_cifar10" and plan.technique()["variant"] == "pooled"
+    with pytest.raises(grading.GradeError, match="counts its technique on variant 'pooled', which is not graded"):
+        _stage09_plan(tmp_path, monkeypatch, ["tuned_cifar10"])
+
+
+@pytest.mark.parametrize("named", ["pooled", ""])
+def test_the_child_counts_the_technique_of_the_variant_it_is_told(monkeypatch, named):
+    from labkit.grading import protocol as P, student_phases
+
+    counted = []
+    monkeypatch.setattr(student_phases, "technique_budget",
+                        lambda conv, tech, arrays: counted.append(conv) or P.Technique(passed=True, line="ok"))
+    monkeypatch.setattr(student_phases.simulator, "active", lambda: True)
+    sent = []
+    ctx = types.SimpleNamespace(
+        job=types.SimpleNamespace(technique=P.TechniqueSpec("constant", "cifar10", "conv2", 0.4, named),
+                                  timed="tuned_cifar10"),
+        restore=lambda: None, compare=lambda when: None, send=sent.append)
+    phases = student_phases.StudentPhases(ctx)
+    own, given = (lambda *a: None), (lambda *a: None)
+    phases.student = {n: types.SimpleNamespace(impls={"conv": f}, arrays="device")
+                      for n, f in (("pooled", own), ("tuned_cifar10", given))}
+    assert phases.technique()
+    assert counted == [own if named else given]
+    assert f"of variant {named or 'tuned_cifar10'!r}" in sent[0].what and sent[1].passed

@@ -114,9 +114,11 @@ class StagePlan:
                 "tasks": sum(self.graded_tasks().values())}
 
     def technique(self) -> dict | None:
-        """What the technique part checks ({memory, net, layer}), or None when the stage has none."""
+        """What the technique part checks ({memory, net, layer, min_fraction, variant}: the variant whose conv is
+        looked at, the rubric's or else the timed one), or None when the stage has none."""
         t = self.rubric["technique"]
-        return dict(t) if t["memory"] and self.rubric["points"]["technique"] > 0 else None
+        return {**t, "variant": t.get("variant") or self.timed} \
+            if t["memory"] and self.rubric["points"]["technique"] > 0 else None
 
     def max_score(self) -> float:
         return sum(self.max_points().values())
@@ -154,6 +156,10 @@ def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulat
     timed = r.get("timed_variant") or names[-1]
     if timed not in names:
         raise GradeError(f"rubric: stage {stage.number} times variant {timed!r}, which is not graded ({names})")
+    counted = r["technique"].get("variant")  # the student's own kernel, where the timed variant may run given code
+    if counted and r["technique"]["memory"] and r["points"]["technique"] > 0 and counted not in names:
+        raise GradeError(f"rubric: stage {stage.number} counts its technique on variant {counted!r}, which is not "
+                         f"graded ({names}): add it to the stage's variants, or set points.technique = 0")
     variants = {n: declared[n] for n in names}
     measured, why = True, ""
     if variants[timed].target == "gpu" and not gpu:

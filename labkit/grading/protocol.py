@@ -138,8 +138,7 @@ class Record:
 
 @dataclasses.dataclass
 class VariantSpec(Record):
-    """A graded variant as the stage's solution declares it (asked of a child: ``worker --describe``); the child
-    calls a student's functions this way, whatever the student's own ``VARIANTS`` says."""
+    """A graded variant as the solution declares it (``worker --describe``), whatever a student's ``VARIANTS`` says."""
 
     name: str
     target: str
@@ -233,6 +232,7 @@ class TechniqueSpec(Record):
     net: str
     layer: str
     min_fraction: float = 0.0  # of the conv's loads that must come from that memory (simulator counts)
+    variant: str = ""  # whose conv is looked at (the plan names it: rubric technique.variant, else the timed one)
 
 
 @dataclasses.dataclass

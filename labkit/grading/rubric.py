@@ -28,12 +28,13 @@ SECTIONS = {
     "timing": {"images": int, "warmup": int, "repeat": int, "attempts": int, "slow_core": (int, float)},
     "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float),
                "technique": (int, float)},
-    "technique": {"memory": str, "net": str, "layer": str, "min_fraction": (int, float)},
+    "technique": {"memory": str, "net": str, "layer": str, "min_fraction": (int, float), "variant": str},
     "op_time": {"full_at_ratio": (int, float), "zero_at_ratio": (int, float), "requires_accuracy": bool,
                 "when_not_measured": str},
 }
 OPTIONAL = {("checks", "batches"), ("checks", "own_layers"), ("accuracy", "per_image"), ("timing", "attempts"),
-            ("timing", "slow_core")}  # absent: labkit.check.BATCHES; ["conv"]; every image; one attempt; 0.15
+            ("timing", "slow_core"), ("technique", "variant")}
+# absent: labkit.check.BATCHES; ["conv"]; every image; one attempt; 0.15; the timed variant
 OWN_LAYERS = ("conv", "fc")  # layer kinds a stage may name as its own work (checks.own_layers)
 STAGE_KEYS = {"variants": list, "timed_variant": str, "tasks": dict}  # tasks: a task's own points (labkit.tasks)
 NOT_MEASURED = ("exclude", "full", "zero")

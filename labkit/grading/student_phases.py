@@ -181,14 +181,16 @@ class StudentPhases:
         prepared.weights = dict(zip(prepared.weights, arrays))
         return prepared
 
-    # --- technique: how much of the timed variant's conv work uses the stage's memory (values passed above)
+    # --- technique: how much of a variant's conv work (the timed one's, unless the rubric names another) uses the
+    # stage's memory (values passed above)
     def technique(self) -> bool:
-        ctx, tech, timed = self.ctx, self.ctx.job.technique, self.ctx.job.timed
-        if tech and timed in self.student:
+        ctx, tech = self.ctx, self.ctx.job.technique
+        name = (tech.variant or self.ctx.job.timed) if tech else None
+        if tech and name in self.student:
             ctx.restore()
-            v = self.student[timed]
+            v = self.student[name]
             conv = impl_for(v.impls, get_net(tech.net).layer(tech.layer))
-            ctx.send(P.Start(f"the technique check ({tech.memory} memory) of variant {timed!r}"))
+            ctx.send(P.Start(f"the technique check ({tech.memory} memory) of variant {name!r}"))
             if simulator.active():
                 result = technique_budget(conv, tech, v.arrays)
             else:  # a GPU runs no counts: a kernel it launched must have that memory in its compiled resources

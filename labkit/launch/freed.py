@@ -7,6 +7,12 @@ there (``labkit.const_kernels.PerWeights`` keeps ``w``, so its ids stay its own)
 objects, but the order in which CPython reuses their memory rarely put new weights exactly where old ones were, so
 such a cache passed them. ``Held`` makes it happen: one call's arrays are kept, and a later call's arrays are handed
 on as new objects (views of the same memory, its own values) at the addresses of the kept ones, freed just before.
+
+A freed object's memory is sure to go only to the next object of its size class made with nothing else of that class
+made first, and which objects share a class is the allocator's to say (a dict, a list, a bound method, an iterator,
+an instance's attribute values). So a device array (a Python class: numba's, the simulator's) is not made there by
+its ``reshape``, which makes such objects first: a bare object of its class takes the freed memory, made with nothing
+else, and is given a new view's attributes (``_filled``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ BARE_TRIES = 1 << 18
 PIN_TRIES = 16
 #: the smallest block of memory CPython's allocator gives to objects of one size: a pool is one or more of these
 PAGE_BITS = 12
+#: instances of a device array's class made and dropped before its arrays' memory is reserved (``_settled``): more
+#: than the ones CPython 3.11 shrinks a class's attribute values array over (one slot fewer each, from at most 30)
+SETTLE = 32
 
 
 def _placed(make: Callable[[], object]) -> tuple[object, list]:
@@ -45,10 +54,13 @@ def _reserve(cls: type, addresses: set[int], found: dict, spare: list) -> bool:
     that object, which keeps the memory there from anything else until it is let go; an address none reached is in
     use: its memory went to other objects). The others made go to ``spare``, to hold until the new arrays are made
     (freed now, they would be handed out first again). False where ``cls`` cannot be made bare (a C type: numpy's).
-    It makes nothing else of an array's size before its first objects: the freed memory is handed out first."""
-    left = len(addresses)
+    Nothing it makes outlives a turn of its loop but those objects (a ``for`` loop's iterator would, and could take a
+    freed array's memory: with the allocator's debug hooks a range iterator is of a device array's size): the freed
+    memory goes to them."""
+    left, tries = len(addresses), BARE_TRIES
     try:
-        for _ in range(BARE_TRIES):
+        while tries:
+            tries -= 1
             obj = object.__new__(cls)
             if id(obj) in addresses:
                 found[id(obj)] = obj
@@ -62,13 +74,11 @@ def _reserve(cls: type, addresses: set[int], found: dict, spare: list) -> bool:
     return True
 
 
-def land(address: int, make: Callable[[], object], tries: int = TRIES, release: Callable | None = None):
-    """An object of ``make()`` at ``address`` (a freed object's id, or the memory a reserved object gives back when
-    ``release()`` drops it, just before the first ``make()``: CPython hands a freed object's memory to the next object
-    of its size), or None when none of ``tries`` was; the others made are freed again."""
+def land(address: int, make: Callable[[], object], tries: int = TRIES):
+    """An object of ``make()`` at ``address`` (a freed object's id: CPython hands a freed object's memory to the next
+    object of its size), or None when none of ``tries`` was; the others made are freed again. For a C type (numpy's,
+    cupy's), which cannot be made bare (``_fillable``)."""
     made = []
-    if release is not None:
-        release()
     for _ in range(tries):
         obj = make()
         if id(obj) == address:
@@ -80,6 +90,28 @@ def land(address: int, make: Callable[[], object], tries: int = TRIES, release: 
 def _view(a):
     """``a`` as a new object: a view of the same memory, same shape (numpy, numba and cupy arrays)."""
     return a.reshape(a.shape)
+
+
+def _fillable(cls: type) -> bool:
+    """Whether an object of ``cls`` is made by ``object.__new__`` and is all in its ``__dict__`` (numba's device arrays,
+    the simulator's): a bare one given a view's ``__dict__`` is then that view, wherever the bare one was put."""
+    slots = any("__slots__" in vars(c) for c in cls.__mro__)
+    return cls.__new__ is object.__new__ and cls.__dictoffset__ != 0 and not slots
+
+
+def _settled(cls: type) -> type:
+    """``cls``, its instances' attribute values array at its final size: CPython 3.11 gives each new instance a smaller
+    one, down to what its attributes take, and one of those sizes is the instance's own size class (the simulator's
+    24th instance: 56 bytes, as the instance); made in ``_reserve``, it would take a freed array's memory."""
+    for _ in range(SETTLE):
+        object.__new__(cls)
+    return cls
+
+
+def _filled(bare, view):
+    """``bare`` (at a freed array's address) as ``view``: the same attributes, so the same memory and values."""
+    vars(bare).update(vars(view))
+    return bare
 
 
 def _is_array(a) -> bool:
@@ -128,32 +160,39 @@ class Held:
 
     def _swap(self, arrays: list) -> list:
         old, self.arrays = self.arrays, None
-        # all made before the old arrays go: an object of their size made between their going and the new ones'
-        # making could take their memory (a dict, a list, a tuple of two or three, a set's iterator: a Python
-        # object's size), so from there on only lists and tuples are walked (their iterators are smaller)
         places = [(i, id(a), _weak(a)) for i, a in enumerate(old[:len(arrays)]) if _is_array(arrays[i])]
         addresses = {address for _, address, _ in places}
-        classes = tuple({type(arrays[i]) for i, _, _ in places})
-        reserved, spare, bare, alive = {}, [], set(), False
+        # all made before the old arrays go, what is walked after too (its iterators): an object of their size made
+        # between their going and the reserving of their memory (a dict, a list, a tuple, an iterator, a view) could
+        # take it, and which objects share their size class is the allocator's to say
+        views = {i: _view(arrays[i]) for i, _, _ in places if _fillable(type(arrays[i]))}
+        kinds = iter([_settled(cls) for cls in {type(arrays[i]) for i, _, _ in places} if _fillable(cls)])
+        checks = iter([(address, ref) for _, address, ref in places])
+        reserved, spare, held_on = {}, [], False
         del old
-        for _, _, ref in places:
-            alive = alive or ref() is not None
-        if alive:
-            gc.collect()  # held in a cycle: freed now
-        for _, address, ref in places:
-            if ref() is not None:
-                addresses.discard(address)  # kept by something else (PerWeights keeps w): its address stays its own
-        for cls in classes:
-            if _reserve(cls, addresses, reserved, spare):
-                bare.add(cls)
+        for address, ref in checks:
+            if ref() is not None:  # kept by something else (PerWeights keeps w): its address stays its own
+                addresses.discard(address)
+                held_on = True
+        if held_on:
+            gc.collect()  # one held in a cycle is freed now (the memory of other objects freed with it too)
+            addresses.update(address for _, address, ref in places if ref() is None)
+        for cls in kinds:
+            _reserve(cls, addresses, reserved, spare)
         for i, address, _ in places:
             new = arrays[i]
-            if address not in addresses or (type(new) in bare and address not in reserved):
-                continue  # still in use: by what kept the old array, or by other objects since
-            # one made and freed first: what making one makes besides it (a call's dict, its tuples) then comes from
-            # CPython's free lists, not from the memory given back next, which the next object of its size gets
+            if address not in addresses:
+                continue  # still in use, by what kept the old array
+            if i in views:
+                bare = reserved.get(address)
+                if type(bare) is type(new):  # else its memory went to other objects before it was reserved
+                    arrays[i] = _filled(bare, views.pop(i))
+                    self.landed += 1
+                continue
+            # a C type: one made and freed first: what making one makes besides it (a call's dict, its tuples) then
+            # comes from CPython's free lists, not from the memory given back, which the next object of its size gets
             land(0, lambda: _view(new), tries=1)
-            found = land(address, lambda: _view(new), release=lambda: reserved.pop(address, None))
+            found = land(address, lambda: _view(new))
             if found is not None:
                 arrays[i] = found
                 self.landed += 1
