@@ -372,8 +372,11 @@ def test_a_hit_skips_the_reference_job_and_the_report_says_so(two_runs):
     assert hit["meta"]["reference_jobs"]["01"]["from_cache"] is True
     # no reference job held the machine's turn in the second run (the student copy is never timed)
     assert into["meta"]["turns"]["turns"] == 1 and hit["meta"]["turns"]["turns"] == 0
-    # the student's limit is the stored job's
+    # the student's limit is the stored job's, and so are its timing attempts (a slow one moves every ratio)
     assert hit["meta"]["time_limits"] == into["meta"]["time_limits"]
+    attempts = into["meta"]["time_limits"]["01"]["reference_attempts"]
+    assert attempts and attempts[0]["attempt"] == 0 and attempts[0]["speed_us"] > 0, attempts
+    assert hit["meta"]["reference_jobs"]["01"]["attempts"] == attempts
     assert hit["meta"]["reference_jobs"]["01"]["seconds"] == into["meta"]["reference_jobs"]["01"]["seconds"]
     for report in (into, hit):
         row = report["rows"][0]

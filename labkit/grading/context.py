@@ -105,12 +105,14 @@ class Context:
                 where = key[0] + (f" gpu{key[1]}" if key[1] is not None else "")
                 self.reference_jobs[where] = {"seconds": round(self._timings[key].seconds, 1),
                                               "phases_s": self._timings[key].phases_s,
+                                              "attempts": self._timings[key].attempts,
                                               **(self.cache.stages.get(where, {}) if self.cache else {})}
         ref = self._timings[key]
         limit = plan.time_limit
         if lim["time_factor"] and not ref.error:
             limit = min(plan.time_limit, max(float(lim["min_time_s"]), lim["time_factor"] * ref.seconds))
-        self.limits[plan.stage.number] = {"time_limit_s": round(limit), "reference_job_s": round(ref.seconds, 1)}
+        self.limits[plan.stage.number] = {"time_limit_s": round(limit), "reference_job_s": round(ref.seconds, 1),
+                                          "reference_attempts": ref.attempts}  # a slow one moves every ratio
         return (ref if plan.measured or ref.error else None), round(limit)
 
 

@@ -44,6 +44,7 @@ class ReferenceTiming:
     device: str = ""
     seconds: float = 0.0
     phases_s: dict = dataclasses.field(default_factory=dict)  # where its wall time went (labkit.grading.phases)
+    attempts: list = dataclasses.field(default_factory=list)  # each timing turn's core speed (labkit.grading.attempts)
 
 
 def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_extra: dict | None = None,
@@ -60,7 +61,9 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     o = job.run()
     row = job.row()
     result = ReferenceTiming(runs=o.timing_runs, method=o.timing_method, mismatches=o.timing_mismatches,
-                             device=o.device, seconds=o.seconds, phases_s=rounded(o.phases))
+                             device=o.device, seconds=o.seconds, phases_s=rounded(o.phases),
+                             attempts=[{k: a[k] for k in ("attempt", "speed_us", "fastest_us")}
+                                       for a in o.timing_attempts])
     # its timed passes' own mismatches (float32 near-ties) only widen the students' allowance: not a failure
     passed = row["status"] == "pass" or (o.checks_done and scoring.checks_passed(o) and scoring.accuracy_passed(o)
                                           and not o.forbidden and not o.tampered_code and not o.grader_error)

@@ -190,9 +190,14 @@ def _timing(d, plan: StagePlan) -> ReferenceTiming:
     phases = d.get("phases_s") or {}
     if not isinstance(phases, dict):
         raise Invalid("timing.phases_s is not an object")
+    attempts = d.get("attempts") or []
+    if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
+        raise Invalid("timing.attempts is not a list of attempts")
     return ReferenceTiming(runs=runs, method=d.get("method", ""), mismatches=mism, device=d.get("device", ""),
                            seconds=_number(d.get("seconds"), "timing.seconds", positive=True),
-                           phases_s={str(k): _number(v, f"phase {k!r}") for k, v in phases.items()})
+                           phases_s={str(k): _number(v, f"phase {k!r}") for k, v in phases.items()},
+                           attempts=[{str(k): None if v is None else _number(v, f"attempt's {k!r}")
+                                      for k, v in a.items()} for a in attempts])
 
 
 def read_entry(path: Path, key: str, plan: StagePlan) -> tuple[ReferenceTiming, str]:
@@ -268,7 +273,8 @@ class ReferenceCache:
         entry = {"schema": SCHEMA, "key": key, "stage": plan.stage.number, "measured": measured,
                  "ingredients": ingr,
                  "timing": {"runs": timing.runs, "method": timing.method, "mismatches": timing.mismatches,
-                            "device": timing.device, "seconds": timing.seconds, "phases_s": timing.phases_s}}
+                            "device": timing.device, "seconds": timing.seconds, "phases_s": timing.phases_s,
+                            "attempts": timing.attempts}}
         try:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, tmp = tempfile.mkstemp(prefix=".entry-", dir=self.folder)
