@@ -32,6 +32,9 @@ def _part(folder: Path, stages: dict[str, float], seconds: dict[str, float]) -> 
 def test_parts_of_different_stages_join_into_one_table(tmp_path, capsys):
     a = _part(tmp_path / "a", {"04": 3.0, "05": 5.0}, {"04": 7.0, "05": 11.0})
     b = _part(tmp_path / "b", {"09": 13.0}, {"09": 17.0})
+    meta = json.loads((a / "phase_costs.json").read_text())  # a's budget left out 09, which b graded
+    meta["meta"]["class"]["09"], meta["meta"]["left_out"] = ["s09_a"], ["09"]
+    (a / "phase_costs.json").write_text(json.dumps(meta))
     assert costs.main([str(tmp_path / "all"), "--join", str(a), str(b)]) == 0
     joined = json.loads((tmp_path / "all" / "phase_costs.json").read_text())
     assert list(joined["stages"]) == ["04", "05", "09"] and joined["jobs"] == 6
@@ -40,6 +43,7 @@ def test_parts_of_different_stages_join_into_one_table(tmp_path, capsys):
     assert joined["wall_s"] == (12 + 7) + (20 + 11) + (52 + 17)  # each stage's first job to its last
     assert "tools/phase_costs.py a and python3 tools/phase_costs.py b, joined" in joined["meta"]["command"]
     assert "| 09 | 2 |" in (tmp_path / "all" / "phase_costs.md").read_text()
+    assert joined["meta"]["left_out"] == [] and joined["meta"]["class"]["09"] == ["s09_correct0", "s09_student_copy"]
 
 
 def test_a_stage_in_two_parts_or_a_folder_without_a_run_is_refused(tmp_path, capsys):

@@ -246,12 +246,13 @@ def join(args) -> int:
         except (OSError, ValueError) as exc:
             print(f"--join: {part} holds no phase_costs run ({exc})", file=sys.stderr)
             return 2
-        twice = sorted(set(old["meta"]["class"]) & set(made))
+        ran = old["meta"]["runs"]  # the stages graded (a stage its budget left out is in the class, not here)
+        twice = sorted(set(ran) & set(walls))
         if twice:
             print(f"--join: stage {twice[0]} is in two parts; join parts of different stages", file=sys.stderr)
             return 2
-        made.update(old["meta"]["class"])
-        walls.update(old["meta"]["runs"])
+        made.update({stage: old["meta"]["class"][stage] for stage in ran})
+        walls.update(ran)
         left_out += old["meta"].get("left_out", [])
         rows += grades["rows"]
         commands.append(old["meta"]["command"])
@@ -261,6 +262,7 @@ def join(args) -> int:
             for key in ("rubric", "correct", "wrong", "cache"):
                 setattr(args, key, old["meta"].get(key, getattr(args, key)))
     report["rows"] = rows
+    left_out = sorted(set(left_out) - set(walls))  # left out by one part, graded by another
     args.command = " and ".join(commands) + ", joined"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grades").mkdir(exist_ok=True)
