@@ -393,6 +393,13 @@ def test_every_row_and_reference_job_says_where_its_time_went(two_runs):
         assert phases.own_seconds(got) >= 0.9 * row["seconds"], "a phase went unmeasured"
         stage = report["meta"]["phases_s"]["01"]
         assert stage["rows"] == 1 and stage["phases_s"] == phases.rounded(got)
+        ran = row["details"]["ran"]  # on the wall clock: the job, and the part of its slot its reference took
+        assert ran["from"] <= ran["to"] and ran["to"] - ran["from"] >= row["seconds"] - 0.5, (ran, row["seconds"])
+        assert 0 <= ran["reference_s"] <= ran["to"] - ran["from"]
+    measured, read = (two_runs[n]["rows"][0]["details"]["ran"]["reference_s"] for n in ("into", "from"))
+    ref_job = two_runs["into"]["meta"]["reference_jobs"]["01"]
+    assert measured >= 0.9 * ref_job["seconds"] and read < 0.5 * ref_job["seconds"], (measured, read)
+    assert ref_job["ran"][1] - ref_job["ran"][0] >= ref_job["seconds"] - 0.5
     ref = two_runs["into"]["meta"]["reference_jobs"]["01"]["phases_s"]  # the solution: every phase ran
     assert all(ref[p] > 0 for p in ("start", "inputs", "load", "checks", "accuracy", "timing")), ref
     assert phases.own_seconds(ref) <= two_runs["into"]["meta"]["reference_jobs"]["01"]["seconds"] + 0.1

@@ -89,3 +89,28 @@ def test_a_run_in_parts_is_compared_only_once_whole(tmp_path):
     record = json.loads((tmp_path / "two_gpus.json").read_text())
     (tmp_path / "two_gpus.json").write_text(json.dumps({**record, "parts": {"1/2": 20.0}, "whole": False}))
     assert demo.main([str(tmp_path), "--compare"]) == 0 and not (tmp_path / "comparison.json").exists()
+
+
+def _row(student, stage, gpu, start, end, reference_s=0.0):
+    return {"student": student, "stage": stage, "status": "pass",
+            "details": {"gpu": gpu, "ran": {"from": start, "to": end, "reference_s": reference_s}}}
+
+
+def test_the_slots_plot_lays_each_gpus_jobs_on_as_few_lanes_as_hold_them(tmp_path):
+    """tools/two_gpu_demo.py draws where each GPU's slots stood idle (the two-GPU run's 1.55x came from idle slots,
+    not from an unequal split): jobs that overlap go on different lanes, one that starts after another ends may
+    share its lane, and a GPU's busy share is its jobs' seconds over its lanes times its span."""
+    rows = [_row("a", "06", "0", 100.0, 160.0, reference_s=40.0), _row("b", "06", "0", 101.0, 161.0),
+            _row("c", "04", "0", 160.0, 170.0), _row("d", "05", "1", 100.0, 110.0),
+            {"student": "e", "stage": "07", "status": "missing", "details": {}}]
+    laid = demo.lanes(rows)
+    assert sorted(laid) == ["0", "1"] and len(laid["0"]) == 2 and len(laid["1"]) == 1
+    assert [s["what"] for s in laid["0"][0]] == ["a", "c"]  # c starts where a ended: the same slot
+    for lane in laid["0"]:
+        assert all(x["to"] <= y["from"] for x, y in zip(lane, lane[1:]))
+    (tmp_path / "two_gpus").mkdir()
+    (tmp_path / "two_gpus" / "grades.json").write_text(json.dumps({"rows": rows}))
+    busy = demo.draw_slots(tmp_path, "two_gpus")
+    assert (tmp_path / "two_gpus_slots.png").stat().st_size > 10_000
+    assert busy["0"] == {"slots": 2, "span_s": 70.0, "busy": round((60 + 60 + 10) / (2 * 70), 3)}
+    assert busy["1"]["busy"] == 1.0

@@ -12,8 +12,10 @@ run's wall time is kept in OUT/<run>.json, so the runs, or parts of them, can co
 grades one run, ``--part K/N`` every N-th student from the K-th into that run's report (``--merge``; its wall adds
 to the run's). Once both runs are whole it writes OUT/comparison.json and OUT/comparison.md: per (student, stage)
 the status and every part's points in both runs (equal, or the difference listed), the op-time ratio (student /
-reference) in both with max/min - 1, and the walls. Exit status 1 when a goal is missed: a difference, a ratio
-apart by more than 5 %, or two GPUs less than 1.8 times faster.
+reference) in both with max/min - 1, and the walls; and OUT/<run>_slots.png, each run's jobs on its GPUs' slots
+over time (each row's ``details.ran``), with each GPU's busy share: where a run lost its speed to idle slots. Exit
+status 1 when a goal is missed: a difference, a ratio apart by more than 5 %, or two GPUs less than 1.8 times
+faster.
 
 ``--simulate`` is the dry run where there is no GPU: the CUDA simulator grades, and tests/fake_dask_cuda.py stands in
 for dask-cuda (its worker processes, one per "GPU", each with that GPU first in CUDA_VISIBLE_DEVICES); op time is not
@@ -274,6 +276,76 @@ def compare(out: Path) -> dict:
     return result
 
 
+def lanes(rows: list[dict]) -> dict[str, list[list[dict]]]:
+    """Each GPU's jobs (their ``details.ran``, on the wall clock) laid out on as few lanes as hold them without
+    overlap: {gpu: [lane, ...]}, each lane a list of spans. The lanes are the run's job slots as they were used: a
+    gap in a lane is a slot that stood idle."""
+    spans: dict[str, list[dict]] = {}
+    for r in rows:
+        ran = (r.get("details") or {}).get("ran")
+        if r["status"] != "missing" and ran:
+            spans.setdefault(str(r["details"].get("gpu")), []).append(
+                {"from": ran["from"], "to": ran["to"], "reference_s": ran.get("reference_s", 0.0), "stage": r["stage"],
+                 "what": r["student"]})
+    laid: dict[str, list[list[dict]]] = {}
+    for gpu, todo in sorted(spans.items()):
+        ends: list[float] = []
+        laid[gpu] = []
+        for span in sorted(todo, key=lambda s: s["from"]):
+            free = next((i for i, end in enumerate(ends) if end <= span["from"]), None)
+            if free is None:
+                ends.append(span["to"])
+                laid[gpu].append([span])
+            else:
+                ends[free] = span["to"]
+                laid[gpu][free].append(span)
+    return laid
+
+
+def draw_slots(out: Path, run: str) -> dict:
+    """OUT/<run>_slots.png: every job of the run as a bar on its GPU's slots (its stage's colour; the hatched part
+    is its stage's reference job, run or waited for), and each GPU's busy share: the jobs' seconds over its slots
+    times the span from the first job to the last. Returns {gpu: {"slots", "span_s", "busy"}}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report = json.loads((out / run / "grades.json").read_text())
+    laid = lanes(report["rows"])
+    if not laid:
+        return {}
+    start = min(s["from"] for ls in laid.values() for lane in ls for s in lane)
+    colours = {st: plt.cm.tab10(i) for i, st in enumerate(STAGES)}
+    fig, ax = plt.subplots(figsize=(11, 0.35 * sum(len(ls) for ls in laid.values()) + 1.5), layout="constrained")
+    plt.close(fig)
+    y, ticks, busy = 0, [], {}
+    for gpu, ls in laid.items():
+        spans = [s for lane in ls for s in lane]
+        span_s = max(s["to"] for s in spans) - min(s["from"] for s in spans)
+        busy[gpu] = {"slots": len(ls), "span_s": round(span_s, 1),
+                     "busy": round(sum(s["to"] - s["from"] for s in spans) / (len(ls) * span_s), 3) if span_s else None}
+        for k, lane in enumerate(ls):
+            for s in lane:
+                ax.barh(y, s["to"] - s["from"], left=s["from"] - start, color=colours.get(s["stage"], "grey"),
+                        edgecolor="k", linewidth=0.3)
+                if s["reference_s"] > 0.5:
+                    ax.barh(y, s["reference_s"], left=s["from"] - start, color="none", hatch="///", edgecolor="k",
+                            linewidth=0.3)
+            ticks.append((y, f"GPU {gpu} slot {k + 1}"))
+            y += 1
+        y += 0.5
+    ax.set_yticks([t for t, _ in ticks], [name for _, name in ticks], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="seconds from the first job's start", title=f"{run}: every job on its GPU's slots (hatched: its "
+           f"stage's reference job, run or waited for); busy " + ", ".join(f"GPU {g} {100 * b['busy']:.0f} %"
+                                                                          for g, b in busy.items() if b["busy"]))
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()],
+              labels=[f"stage {st}" for st in colours], fontsize=7, ncol=len(colours), loc="lower right")
+    fig.savefig(out / f"{run}_slots.png", dpi=110)
+    return busy
+
+
 def markdown(result: dict) -> str:
     gpus = ", ".join(f"{g.get('index')}: {g.get('name')} ({g.get('uuid')})" for g in result["gpus"] or []) or "none"
     lines = [f"# {result['jobs']} (student, stage) jobs on one GPU and on two ({result['device']})", "",
@@ -367,6 +439,11 @@ def main(argv=None) -> int:
         print("comparison: not yet (both runs whole are needed)")
         return 0
     result = compare(out)
+    for run in RUNS:
+        busy = draw_slots(out, run)
+        if busy:
+            print(f"{run}: {out / (run + '_slots.png')}; busy share of the slots: "
+                  + ", ".join(f"GPU {g} {b['busy']}" for g, b in busy.items()))
     print((out / "comparison.md").read_text())
     return 1 if result["missed"] else 0
 

@@ -10,6 +10,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -101,9 +102,11 @@ class Context:
                 def measure() -> ReferenceTiming:
                     return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
 
+                began = time.time()
                 self._timings[key] = self.cache.reference(plan, self.refs, env, measure) if self.cache else measure()
                 where = key[0] + (f" gpu{key[1]}" if key[1] is not None else "")
                 self.reference_jobs[where] = {"seconds": round(self._timings[key].seconds, 1),
+                                              "ran": [round(began, 2), round(time.time(), 2)],  # wall clock
                                               "phases_s": self._timings[key].phases_s,
                                               "attempts": self._timings[key].attempts,
                                               **(self.cache.stages.get(where, {}) if self.cache else {})}
@@ -155,8 +158,10 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
         return grader_error_row(ctx, task, f"not graded: {job.device} is still held by the processes of "
                                            f"{ctx.stuck[job.device]}, which never ended (a GPU kernel that never "
                                            f"returns): regrade this row on a machine whose GPU is free")
+    began, reference_s = time.time(), None  # the job's span on the wall clock; the part of it its reference took
     try:
         job.use_reference(*ctx.reference(plan, env_extra))
+        reference_s = time.time() - began  # the first job of a stage runs it; the others wait for it meanwhile
         job.run()
         row = job.row()
         row["notebook"] = task["notebook"]
@@ -167,6 +172,8 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     except Exception as exc:  # noqa: BLE001 - the grader's own failure for one job: record it, go on
         row = grader_error_row(ctx, task, f"grader error: {type(exc).__name__}: {exc}",
                                traceback.format_exc(limit=8))
+    row["details"]["ran"] = {"from": round(began, 2), "to": round(time.time(), 2),
+                             "reference_s": round(time.time() - began if reference_s is None else reference_s, 2)}
     if task.get("note"):
         row["message"] += f" [{task['note']}]"
     if env_extra and env_extra.get("CUDA_VISIBLE_DEVICES") is not None:
