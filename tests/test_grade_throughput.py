@@ -470,3 +470,41 @@ def test_a_layers_batch_sizes_share_weight_values_where_shapes_agree(plan, tmp_p
     assert again["batch"] == real[0]["batch"] and not same(again, real[0])
     nets = [c for c in job.cases.values() if c["layer"] is None]
     assert len(nets) >= 2 and not same(nets[0], nets[1])
+
+
+@pytest.mark.parametrize("pass_over", [True, False])
+def test_a_free_slot_passes_over_a_task_that_would_wait_for_its_reference(pass_over):
+    """``run.run_local``: the first job of a stage runs its reference job in its slot; another job of that stage
+    would wait in a second slot meanwhile, so that slot takes a job of another stage first (on an H100 the slots of
+    a class stood idle for the stage-06 and -09 references, `results/h100x2-2026-11-27c/`)."""
+    from labkit.grading import run
+
+    tasks = [{"student": s, "stage": st, "notebook": "nb"} for s, st in (("a", "06"), ("b", "06"), ("c", "04"))]
+    started, finished, lock = [], set(), threading.Lock()
+
+    def runner(task, env):
+        with lock:
+            started.append(task["student"])
+        time.sleep(0.3 if task["student"] == "a" else 0.05)  # a runs stage 06's reference, then its own job
+        finished.add(task["student"])
+        return {"student": task["student"], "details": {}}
+
+    def waits(task):  # b's stage has its reference running (in a's slot) until a is done
+        return task["stage"] == "06" and task["student"] != "a" and "a" not in finished
+
+    rows = run.run_local(tasks, 2, runner, waits=waits if pass_over else None)
+    assert [r["student"] for r in rows] == ["a", "b", "c"]  # the rows stay in the tasks' order
+    assert started[:2] == (["a", "c"] if pass_over else ["a", "b"]), started
+    assert sorted(started) == ["a", "b", "c"]
+
+
+def test_a_job_waits_for_its_reference_only_while_another_slot_runs_it(plan):
+    ctx = object.__new__(context.Context)
+    ctx._lock, ctx._locks, ctx._timings = threading.Lock(), {}, {}
+    task = {"stage": "05", "notebook": "nb"}
+    assert not ctx.waits_for_reference(task)  # not started: this slot would run it
+    ctx._locks[("05", None)] = threading.Lock()
+    with ctx._locks[("05", None)]:
+        assert ctx.waits_for_reference(task) and not ctx.waits_for_reference({**task, "notebook": None})
+        assert not ctx.waits_for_reference(task, {"CUDA_VISIBLE_DEVICES": "1"})  # another GPU's reference
+    assert not ctx.waits_for_reference(task)

@@ -84,6 +84,14 @@ class Context:
         self.cache = cache  # reference jobs of earlier runs (labkit.grading.refcache); None: each runs here
         self.reference_jobs: dict[str, dict] = {}  # "04" (or "04 gpu1") -> its seconds, phases, whether cached
 
+    def waits_for_reference(self, task: dict, env_extra: dict | None = None) -> bool:
+        """Whether ``task`` would wait for its stage's reference job, running now in another slot: a free slot takes
+        another task meanwhile (``run.run_local``), as the one slot per stage that runs it keeps the others busy."""
+        key = (task["stage"], (env_extra or {}).get("CUDA_VISIBLE_DEVICES"))
+        with self._lock:
+            lock = self._locks.get(key)
+        return task["notebook"] is not None and key not in self._timings and lock is not None and lock.locked()
+
     def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
         """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
         (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import outputs
@@ -111,10 +110,12 @@ def make_tasks(subs: list[Submission], stages: list[str], run_seed: int, root: P
 
 
 def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], dict],
-              on_row: Callable[[dict, dict], None] | None = None) -> list[dict]:
-    """Rows for ``tasks``, ``workers`` at a time, in the order of the tasks (several GPUs: ``--gpus``, through
-    ``labkit.grading.cluster``). A row the grader's own machinery could not finish for want of a resource (threads)
-    is graded again at the end, alone."""
+              on_row: Callable[[dict, dict], None] | None = None,
+              waits: Callable[[dict], bool] | None = None) -> list[dict]:
+    """Rows for ``tasks``, ``workers`` at a time, taken in their order (several GPUs: ``--gpus``, through
+    ``labkit.grading.cluster``), except that a free slot passes over a task that would only wait (``waits``: its
+    stage's reference job is running in another slot) while another is left. A row the grader's own machinery could
+    not finish for want of a resource (threads) is graded again at the end, alone."""
     rows: list = [None] * len(tasks)
 
     def one(i: int) -> None:
@@ -126,8 +127,27 @@ def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], di
         for i in range(len(tasks)):
             one(i)
     else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(one, range(len(tasks))))
+        pending, lock, failed = list(range(len(tasks))), threading.Lock(), []
+
+        def slot() -> None:
+            while not failed:
+                with lock:
+                    if not pending:
+                        return
+                    i = next((i for i in pending if waits is None or not waits(tasks[i])), pending[0])
+                    pending.remove(i)
+                try:
+                    one(i)
+                except BaseException as exc:  # noqa: BLE001 - raised again in the caller, as pool.map did
+                    failed.append(exc)
+
+        threads = [threading.Thread(target=slot, name=f"labkit-grade-slot-{k}") for k in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
     for i, row in enumerate(rows):  # nothing else runs now: what ran out of threads under load may pass alone
         if row is not None and row.get("details", {}).get("resource_error"):
             first = row["message"]
@@ -296,7 +316,8 @@ def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], 
         if ctx.turns.cores is not None:
             ctx.turns.cores.start()
         try:
-            rows = run_local(tasks, jobs, lambda task, env: grade_task(ctx, task, env), on_row)
+            rows = run_local(tasks, jobs, lambda task, env: grade_task(ctx, task, env), on_row,
+                             waits=ctx.waits_for_reference)
         finally:
             if ctx.turns.cores is not None:
                 ctx.turns.cores.stop()
