@@ -62,6 +62,11 @@ def job_seed(run_seed: int, student: str, stage: str) -> int:
 # ------------------------------------------------------------------------------------ what every job needs
 
 
+def _reference_key(stage: str, env_extra: dict | None) -> tuple:
+    """One reference job per stage and device in a run: the key of its timing and of its lock."""
+    return stage, (env_extra or {}).get("CUDA_VISIBLE_DEVICES")
+
+
 class Context:
     """The plans and the reference data of one run, made once per process (the parent, or a cluster worker)."""
 
@@ -87,7 +92,7 @@ class Context:
     def waits_for_reference(self, task: dict, env_extra: dict | None = None) -> bool:
         """Whether ``task`` would wait for its stage's reference job, running now in another slot: a free slot takes
         another task meanwhile (``run.run_local``), as the one slot per stage that runs it keeps the others busy."""
-        key = (task["stage"], (env_extra or {}).get("CUDA_VISIBLE_DEVICES"))
+        key = _reference_key(task["stage"], env_extra)
         with self._lock:
             lock = self._locks.get(key)
         return task["notebook"] is not None and key not in self._timings and lock is not None and lock.locked()
@@ -102,7 +107,7 @@ class Context:
         if not plan.measured and not lim["time_factor"]:
             return None, plan.time_limit
         env = dict(env_extra or {})
-        key = (plan.stage.number, env.get("CUDA_VISIBLE_DEVICES"))
+        key = _reference_key(plan.stage.number, env)
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
