@@ -151,6 +151,9 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
             made.append(args)
             self.turns, self.limits = run.Turns(), {}
 
+        def partners(self):
+            return {"01 gpu1": {"starts": 1}}
+
     monkeypatch.setattr(context, "Context", Context)  # a worker's context is made in labkit.grading.context
     monkeypatch.setattr(context, "sandbox_refusal", lambda *a: "")
     monkeypatch.setattr(cluster, "_contexts", {})
@@ -166,6 +169,7 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     assert len(made) == 1 and len(got) == 4 and all(c is got[0] for c in got)
     here = cluster.worker_summary()
     assert here["gpu"] == "1" and here["turns"] == 0 and here["pid"] == os.getpid() and here["time_limits"] == {}
+    assert here["reference_partners"] == {"01 gpu1": {"starts": 1}}  # the report says what each worker's did
 
 
 def test_each_dask_cuda_worker_times_on_a_kept_core_of_its_own(monkeypatch):

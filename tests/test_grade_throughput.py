@@ -508,3 +508,20 @@ def test_a_job_waits_for_its_reference_only_while_another_slot_runs_it(plan):
         assert ctx.waits_for_reference(task) and not ctx.waits_for_reference({**task, "notebook": None})
         assert not ctx.waits_for_reference(task, {"CUDA_VISIBLE_DEVICES": "1"})  # another GPU's reference
     assert not ctx.waits_for_reference(task)
+
+
+def test_a_free_slot_takes_the_costliest_stages_next_job_and_an_unseen_stage_first():
+    """``backlog.Backlog``: longest jobs first, so that short ones end the run (on two H100s the slots stood idle
+    while the last stage-06 and -09 jobs ran alone, `results/h100x2-2026-11-27c/`); a stage not seen yet first."""
+    from labkit.grading.backlog import Backlog
+
+    tasks = [{"student": s, "stage": st, "notebook": "nb"} for s, st in
+             (("a", "04"), ("b", "06"), ("c", "04"), ("d", "06"), ("e", "05"), ("f", "04"))]
+    tasks.append({"student": "g", "stage": "06", "notebook": None})  # missing: nothing to grade, last
+    backlog = Backlog(tasks)
+    first = [backlog.take() for _ in range(2)]
+    assert first == [0, 1]  # nothing known yet: the tasks' order
+    backlog.done(0, {"details": {"ran": {"from": 0.0, "to": 12.0, "reference_s": 10.0}}})  # 04: 2 s a job
+    backlog.done(1, {"details": {"ran": {"from": 0.0, "to": 70.0, "reference_s": 0.0}}})  # 06: 70 s
+    assert backlog.cost("04") == 2.0 and backlog.cost("06") == 70.0 and backlog.cost("05") == float("inf")
+    assert [backlog.take() for _ in range(6)] == [4, 3, 2, 5, 6, None]  # 05 unseen, then 06, then 04; g last

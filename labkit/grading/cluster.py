@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from ..launch import device
 from . import context
+from .backlog import Backlog
 from .cores import Cores
 from .isolation import by_mode
 from .rubric import GradeError, load_rubric
@@ -208,9 +209,19 @@ def worker_summary() -> dict:
         summary = merged([ctx.turns.summary() for ctx in _contexts.values()])
         limits = {stage: lim for ctx in _contexts.values() for stage, lim in ctx.limits.items()}
         kept = next((ctx.turns.cores for ctx in _contexts.values() if getattr(ctx.turns, "cores", None)), None)
+        partners = {k: v for ctx in _contexts.values() for k, v in ctx.partners().items()}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), "cpus": cpus, **summary,
-            "time_limits": limits, **({"cores": kept.describe()} if kept else {})}
+            "time_limits": limits, **({"cores": kept.describe()} if kept else {}),
+            **({"reference_partners": partners} if partners else {})}
+
+
+def close_partners() -> None:
+    """The run is over: this worker's reference partners end (``labkit.grading.partner``)."""
+    with _lock:
+        contexts = list(_contexts.values())
+    for ctx in contexts:
+        ctx.close()
 
 
 def grade_remote(spec: dict, task: dict) -> dict:
@@ -245,18 +256,31 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
             return failed(tasks[i], f"the cluster worker failed: {type(exc).__name__}: {exc}")
 
     try:
-        futures = {}
         for i, task in enumerate(tasks):
             if task["notebook"] is None:
                 rows[i] = local(task)
                 on_row(task, rows[i])
-                continue
-            futures[submit(i)] = i
-        for future in as_completed(list(futures)):
-            i = futures[future]
+        # as many tasks on the workers as they have slots, each freed slot given the costliest stage's next task
+        backlog = Backlog([t for t in tasks if t["notebook"] is not None])
+        index = [i for i, t in enumerate(tasks) if t["notebook"] is not None]
+        slots = max(1, sum(client.nthreads().values()))
+        futures, done = {}, as_completed()
+        for _ in range(slots):
+            k = backlog.take()
+            if k is not None:
+                futures[f := submit(index[k])] = k
+                done.add(f)
+        for future in done:
+            k = futures.pop(future)
+            i = index[k]
             rows[i] = result(i, future)
+            backlog.done(k, rows[i])
             if not rows[i].get("details", {}).get("resource_error"):
                 on_row(tasks[i], rows[i])
+            k = backlog.take()
+            if k is not None:
+                futures[f := submit(index[k])] = k
+                done.add(f)
         for i, row in enumerate(rows):  # nothing else runs now: what ran out of threads under load may pass alone
             if row is not None and row.get("details", {}).get("resource_error"):
                 rows[i] = result(i, submit(i, 1))
@@ -264,6 +288,7 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
                                                 f"{row['message']}"
                 on_row(tasks[i], rows[i])
         try:
+            client.run(close_partners)
             by_worker = client.run(worker_summary)
         except Exception:  # noqa: BLE001 - a worker gone by now: its turns are not known, its rows are there
             by_worker = {}

@@ -21,6 +21,7 @@ from ..launch import device
 from . import isolation, refcache, scoring
 from .child_start import probe
 from .job import GradingJob, ReferenceTiming, reference_job
+from .partner import Partner, paired
 from .plan import References, StagePlan, plan_stage
 from .rubric import Rubric
 from .sandbox import linger_long as sandbox_linger
@@ -88,6 +89,30 @@ class Context:
         self.stuck: dict[str, str] = {}  # device -> the job whose processes never went (a kernel that never ended)
         self.cache = cache  # reference jobs of earlier runs (labkit.grading.refcache); None: each runs here
         self.reference_jobs: dict[str, dict] = {}  # "04" (or "04 gpu1") -> its seconds, phases, whether cached
+        self._partners: dict[tuple, Partner] = {}  # (stage, device) -> the reference timed in students' turns
+
+    def partner(self, plan: StagePlan, env_extra: dict | None = None) -> Partner | None:
+        """The stage's partner on this device (``labkit.grading.partner``), started now if it is not running; None
+        where the stage's students are timed against the reference job alone (``timing.paired``)."""
+        if not paired(plan):
+            return None
+        key = _reference_key(plan.stage.number, env_extra)
+        with self._lock:
+            if key not in self._partners:
+                self._partners[key] = Partner(plan, self.refs, self.gpu, fresh_seed(), dict(env_extra or {}),
+                                              self.sandbox, self.turns)
+        self._partners[key].ensure()
+        return self._partners[key]
+
+    def partners(self) -> dict:
+        """Each partner of the run, for the report: how often it started and timed, and any error."""
+        return {k[0] + (f" gpu{k[1]}" if k[1] is not None else ""): p.report()
+                for k, p in sorted(self._partners.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))}
+
+    def close(self) -> None:
+        """The run is over: every partner ends."""
+        for p in list(self._partners.values()):
+            p.close()
 
     def waits_for_reference(self, task: dict, env_extra: dict | None = None) -> bool:
         """Whether ``task`` would wait for its stage's reference job, running now in another slot: a free slot takes
@@ -175,6 +200,7 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     try:
         job.use_reference(*ctx.reference(plan, env_extra))
         reference_s = time.time() - began  # the first job of a stage runs it; the others wait for it meanwhile
+        job.partner = ctx.partner(plan, env_extra) if job.outcome.grader_error is None else None
         job.run()
         row = job.row()
         row["notebook"] = task["notebook"]

@@ -73,6 +73,12 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     return result
 
 
+def _both(before: tuple, after: tuple) -> tuple:
+    """The partner's passes before and after a student's attempt, as one (runs or None, why)."""
+    runs = (before[0] or []) + (after[0] or [])
+    return (runs or None), "; ".join(dict.fromkeys(w for w in (before[1], after[1]) if w))
+
+
 class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
     """One (student, stage) graded, the parent's side: build inputs, run the child, judge what comes back (the
     child's side is ``worker.GradingChild``). Its inputs, its judging of a frame's outputs and its timing's later
@@ -104,6 +110,8 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         self._task_expected: dict[int, dict] = {}  # task call id -> what the grader expects of it
         self.clock = PhaseClock(lambda: self.running.paused_s() if self.running is not None else 0.0)
         self._counting: tuple | None = None  # on a GPU: the technique's simulator child, started beside this one
+        self.partner = None  # the stage's reference timed in this job's turns (labkit.grading.partner), or None
+        self._paired: tuple = (None, "")  # the partner's passes in the current attempt's turn, or why none
 
     # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
     def _phase(self, phase: str) -> None:
@@ -186,8 +194,12 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         if pause > 0:  # a later attempt: the core's slow spell given time to pass
             with self.running.waiting() if self.running is not None else nullcontext():
                 time.sleep(pause)
+        if self.partner is not None:  # loaded and warm before the turn is taken (a wait of the grader's)
+            self.partner.wait_ready(self.running)
         if self.turns is not None and self.running is not None:
             self.turns.acquire(self.running, WHOLE if self.alone else self.device)
+        if self.partner is not None:  # the reference, timed in this turn on its core just before the student
+            self._paired = self.partner.attempt(self.running)
         self._turn_at = time.monotonic()
         answer(P.Answer.CONTINUE)
 
@@ -218,9 +230,9 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
     def _on_timing(self, msg: P.Timing, payload, answer) -> None:
         """One attempt's passes: kept beside the earlier attempts' (op time is the best pass of them all), and
         answered with another attempt when its core ran slow (``_again``), else with enough."""
-        self._release_turn()
         o = self.outcome
         if msg.error or msg.attempt != self._attempt:
+            self._release_turn()
             o.finished.add("timing")
             o.timing_error = msg.error or None
             if not msg.error:
@@ -228,6 +240,9 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
             answer(P.Answer.SKIP)
             return
         runs = self._runs(msg.runs)
+        if self.partner is not None and runs is not None:  # ... and again just after it, in the same turn
+            self._paired = _both(self._paired, self.partner.attempt(self.running))
+        self._release_turn()
         speed = probe_speed_us(msg.probe)
         fastest = self.turns.fastest(self.device, speed) if self.turns is not None and speed else speed
         o.timing_attempts.append({"attempt": msg.attempt, "speed_us": speed, "fastest_us": fastest,
@@ -242,6 +257,9 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         answer(P.Answer.CONTINUE if again else P.Answer.SKIP)
         o.timing_method, o.quiet_s = msg.method, o.quiet_s + msg.quiet_s
         o.timing_runs = (o.timing_runs or []) + runs if runs is not None else None
+        if self.partner is not None and runs is not None:
+            o.paired.append({"attempt": msg.attempt, "student": runs, "reference": self._paired[0],
+                             **({"why": self._paired[1]} if self._paired[1] else {})})
         o.timing_mismatches = (o.timing_mismatches or []) + mismatches(expected, preds) if preds else None
         self._trace(msg.trace, self.plan.timed, True)  # a library call made only in the timed passes
 

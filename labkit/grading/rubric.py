@@ -25,7 +25,8 @@ SECTIONS = {
                "min_time_s": (int, float), "memory_mb": int, "max_file_mb": int},
     "checks": {"batches": list, "tol": (int, float), "own_kernel": bool, "own_layers": list},
     "accuracy": {"images": int, "per_image": int},
-    "timing": {"images": int, "warmup": int, "repeat": int, "attempts": int, "slow_core": (int, float)},
+    "timing": {"images": int, "warmup": int, "repeat": int, "attempts": int, "slow_core": (int, float),
+               "paired": str},
     "points": {"correctness": (int, float), "accuracy": (int, float), "op_time": (int, float),
                "technique": (int, float)},
     "technique": {"memory": str, "net": str, "layer": str, "min_fraction": (int, float), "variant": str},
@@ -37,6 +38,7 @@ OPTIONAL = {("checks", "batches"), ("checks", "own_layers"), ("accuracy", "per_i
 # absent: labkit.check.BATCHES; ["conv"]; every image; one attempt; 0.15; the timed variant
 OWN_LAYERS = ("conv", "fc")  # layer kinds a stage may name as its own work (checks.own_layers)
 STAGE_KEYS = {"variants": list, "timed_variant": str, "tasks": dict}  # tasks: a task's own points (labkit.tasks)
+PAIRED = ("gpu", "always", "never")
 NOT_MEASURED = ("exclude", "full", "zero")
 
 
@@ -115,6 +117,9 @@ def _check_values(where: str, label: str, r: dict) -> None:
     if r["timing"].get("attempts", 1) < 1 or not r["timing"].get("slow_core", 0.15) > -1:
         raise RubricError(f"{where} ({label}): timing.attempts must be >= 1 and timing.slow_core more than -1 "
                           f"(0.15: time again when the core ran 15 % slower than the fastest seen)")
+    if r["timing"].get("paired", "gpu") not in PAIRED:
+        raise RubricError(f"{where} ({label}): timing.paired must be one of {', '.join(PAIRED)} (the reference "
+                          f"timed in each student's turn: on a GPU, always, or never)")
     memory = r["technique"]["memory"]
     if memory not in ("", "shared", "constant"):
         raise RubricError(f"{where} ({label}): technique.memory must be \"shared\", \"constant\" or \"\" (none)")

@@ -32,8 +32,9 @@ from .context import (  # noqa: F401
     sandbox_refusal,
     simulator_if_no_driver,
 )
-from .cores import Cores
+from .backlog import Backlog
 from .child_start import probe  # noqa: F401 - run.probe, as before
+from .cores import Cores
 from .job import GradingJob, ReferenceTiming, reference_job  # noqa: F401 - run.reference_job, as before
 from .reports import merge_reports, write_reports
 from .rubric import GradeError, load_rubric
@@ -112,42 +113,42 @@ def make_tasks(subs: list[Submission], stages: list[str], run_seed: int, root: P
 def run_local(tasks: list[dict], workers: int, runner: Callable[[dict, dict], dict],
               on_row: Callable[[dict, dict], None] | None = None,
               waits: Callable[[dict], bool] | None = None) -> list[dict]:
-    """Rows for ``tasks``, ``workers`` at a time, taken in their order (several GPUs: ``--gpus``, through
-    ``labkit.grading.cluster``), except that a free slot passes over a task that would only wait (``waits``: its
-    stage's reference job is running in another slot) while another is left. A row the grader's own machinery could
-    not finish for want of a resource (threads) is graded again at the end, alone."""
+    """Rows for ``tasks`` (in their order), ``workers`` at a time (several GPUs: ``--gpus``, through
+    ``labkit.grading.cluster``), each free slot taking the costliest stage's next task (``backlog.Backlog``),
+    passing over a task that would only wait (``waits``: its stage's reference job is running in another slot). A
+    row the grader's own machinery could not finish for want of a resource (threads) is graded again at the end,
+    alone."""
     rows: list = [None] * len(tasks)
+    backlog = Backlog(tasks, waits)
 
     def one(i: int) -> None:
         rows[i] = runner(tasks[i], {})
+        backlog.done(i, rows[i])
         if on_row:
             on_row(tasks[i], rows[i])
 
+    failed: list = []
+
+    def slot() -> None:
+        while not failed:
+            i = backlog.take()
+            if i is None:
+                return
+            try:
+                one(i)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller, as pool.map did
+                failed.append(exc)
+
     if workers == 1:
-        for i in range(len(tasks)):
-            one(i)
+        slot()  # (here, in this thread)
     else:
-        pending, lock, failed = list(range(len(tasks))), threading.Lock(), []
-
-        def slot() -> None:
-            while not failed:
-                with lock:
-                    if not pending:
-                        return
-                    i = next((i for i in pending if waits is None or not waits(tasks[i])), pending[0])
-                    pending.remove(i)
-                try:
-                    one(i)
-                except BaseException as exc:  # noqa: BLE001 - raised again in the caller, as pool.map did
-                    failed.append(exc)
-
         threads = [threading.Thread(target=slot, name=f"labkit-grade-slot-{k}") for k in range(workers)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        if failed:
-            raise failed[0]
+    if failed:
+        raise failed[0]
     for i, row in enumerate(rows):  # nothing else runs now: what ran out of threads under load may pass alone
         if row is not None and row.get("details", {}).get("resource_error"):
             first = row["message"]
@@ -319,6 +320,7 @@ def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], 
             rows = run_local(tasks, jobs, lambda task, env: grade_task(ctx, task, env), on_row,
                              waits=ctx.waits_for_reference)
         finally:
+            ctx.close()  # its reference partners end
             if ctx.turns.cores is not None:
                 ctx.turns.cores.stop()
         where = f"this machine, {jobs} job{'s' * (jobs > 1)} at a time"
@@ -361,6 +363,7 @@ def _meta(run: dict, command: str | None, rows: list[dict]) -> dict:
         "jobs": {"requested": run["jobs"], "cores": os.cpu_count() or 1,
                  **({"gpus": gpu_list, "per_gpu": run["per_gpu"]} if gpu_list else {})},
         "reference_jobs": dict(sorted(ctx.reference_jobs.items())),
+        "reference_partners": ctx.partners(),  # (a cluster's: in turns.by_worker)
         "reference_cache": run["ref_cache"].report() if run["ref_cache"] is not None else
         refcache.not_used(run["no_cache"]),
         "phases_s": phases.totals(rows),

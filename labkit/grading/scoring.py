@@ -66,6 +66,7 @@ class JobOutcome:
     paused_s: float = 0.0  # stopped while other jobs timed, or waiting for its own turn: not in its limit
     quiet_s: float = 0.0  # on a GPU, how long its timing waited for the stopped jobs' queued work to drain
     timing_attempts: list = dataclasses.field(default_factory=list)  # each timing turn's probe (GradingJob._again)
+    paired: list = dataclasses.field(default_factory=list)  # each attempt's passes beside the reference partner's
     last_kernel: str = ""  # on a GPU, the kernel the child launched last (a hung job's row names it)
     finished: set = dataclasses.field(default_factory=set)  # the phases the child finished (PHASES)
     phases: dict = dataclasses.field(default_factory=dict)  # seconds per phase (labkit.grading.phases)
@@ -240,16 +241,25 @@ def _op_time(out: dict, o: JobOutcome, plan: StagePlan, images: int) -> tuple[fl
     timed pass that predicted differently from the reference, if one did."""
     details, ratio = out["details"], None
     bad_pass = timing_mismatch(o, images) if o.timing_runs else None
-    if o.timing_runs and o.reference_runs:
-        # the whole pass: every layer, whatever it left running, until the last result is on the device
-        student = [run["pass"] for run in o.timing_runs]
-        ref = [run["pass"] for run in o.reference_runs]
+    pairs = [p for p in o.paired if p["reference"]]
+    if o.timing_runs and (pairs or o.reference_runs):
+        # the whole pass: every layer, whatever it left running, until the last result is on the device; with a
+        # partner, the reference's passes of the same turn as the student's best (labkit.grading.partner)
+        best = min(pairs, key=lambda p: min(run["pass"] for run in p["student"])) if pairs else None
+        s_runs, r_runs = (best["student"], best["reference"]) if best else (o.timing_runs, o.reference_runs)
+        student, ref = [run["pass"] for run in s_runs], [run["pass"] for run in r_runs]
         st, rt = min(student), min(ref)  # the best of the timed passes: what the code can do, not the noise
         out["op_time_s"], out["reference_op_time_s"] = st, rt
         ratio = st / rt if rt > 0 else None
         out["ratio"] = ratio
         details["op_time_runs"] = {"run": label(plan.stage.number, plan.timed), "student": o.timing_runs,
                                    "reference": o.reference_runs}
+        details["op_time_reference"] = (
+            {"timed": "in the student's turn, just before and just after it (a partner)", "attempt": best["attempt"],
+             "pairs": [{"attempt": p["attempt"], "student_s": min(r["pass"] for r in p["student"]),
+                        "reference_s": min(r["pass"] for r in p["reference"]) if p["reference"] else None,
+                        **({"why": p["why"]} if "why" in p else {})} for p in o.paired]} if best else
+            {"timed": "in the reference job", **({"why": o.paired[0].get("why", "")} if o.paired else {})})
         details["op_time_spread"] = {"student": spread(student), "reference": spread(ref)}
         details["turn"] = {"paused_s": round(o.paused_s, 2), "quiet_wait_s": round(o.quiet_s, 3),
                            "attempts": o.timing_attempts}

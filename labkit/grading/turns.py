@@ -206,6 +206,26 @@ class Turns:
         finally:
             self.release(r)
 
+    @contextmanager
+    def lend(self, holder: Running, other: Running):
+        """``other`` (a reference partner, ``labkit.grading.partner``) runs inside ``holder``'s turn, on its kept
+        core, while the holder is stopped (no thread of the student's reaches the reference's passes); both as
+        before after."""
+        with self._cond:
+            core = self._core.get(holder)
+            holder.freeze()
+            other.thaw()
+            self._pin(other, {core} if core is not None else None)
+        try:
+            yield
+        finally:
+            with self._cond:
+                if core is not None:
+                    self._pin(other, self.cores.others)
+                if other not in self._holders and holder in self._holders:
+                    other.freeze()
+                holder.thaw()
+
     def fastest(self, device: str | None, speed: float) -> float:
         """The fastest timing probe (``attempts.probe_speed_us``) seen on ``device`` in this run, ``speed`` included:
         what an attempt's core is compared with before it is timed again (``GradingJob._again``)."""

@@ -1,0 +1,242 @@
+"""The reference timed in each student's own turn, right before the student (docs/grading.md, "Grades at any load").
+
+On the GPU machines a core's speed changes within seconds, and a launch-bound timed pass follows it. A reference
+timed once, at the start of a run, then stood for every student of its stage on that device: on two H100s a
+correct copy of the solution scored ratios from 0.69 to 1.11 (results/h100x2-2026-11-27c). So the stage's solution
+stays loaded in a child of its own, a *partner* (one per stage and device, in the run's sandbox, never holding
+student code), and each time a student's timing holds its turn the partner times one attempt of the same workload
+on the same kept core just before it and one just after: both op times come from the same second or so, and their
+ratio no longer follows the core. The reference job (``job.reference_job``) still grades the solution and sets the limits.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import protocol as P
+from . import sandbox
+from .inputs import Inputs
+from .job import GradingJob
+from .turns import Running
+
+#: a partner no student asked for this long ends (a cluster worker's run has no end of its own); asked again, it
+#: starts again
+IDLE_S = 300.0
+#: the most a student's turn waits for its partner to load and warm up (not counted against its limit); then the
+#: student is timed against the reference job's passes, and its row says why
+READY_S = 600.0
+#: the most one attempt of the partner may take inside a student's turn
+ATTEMPT_S = 120.0
+#: attempts a partner's child is told it may be asked for (its timing phase ends when the parent says enough)
+ATTEMPTS = 1_000_000
+
+
+def paired(plan) -> bool:
+    """Whether the stage's students are timed against a partner: ``timing.paired`` is "always", or "gpu" (the
+    default) and the timed variant runs on a real GPU."""
+    mode = plan.rubric["timing"].get("paired", "gpu")
+    if not plan.measured or mode == "never":
+        return False
+    return mode == "always" or plan.variants[plan.timed].target == "gpu"  # (measured: on a real GPU)
+
+
+class Partner:
+    """One stage's partner on one device: started when its stage's first student job starts, asked for an attempt
+    inside a student's turn (``attempt``), ended by ``close`` or after ``IDLE_S`` without a request."""
+
+    def __init__(self, plan, refs, gpu: bool, seed: int, env_extra: dict, iso, turns):
+        self.plan, self.refs, self.gpu, self.seed = plan, refs, gpu, seed
+        self.env_extra, self.sandbox, self.turns = dict(env_extra), iso, turns
+        self.ready = threading.Event()
+        self.error = ""  # why it cannot time (then every student of its stage here is timed as before)
+        self.starts = 0
+        self.served = 0
+        self.failed = False
+        self.warmup_s: float | None = None  # its load and first attempt, seconds
+        self._requests: queue.Queue = queue.Queue()
+        self._start_lock, self._attempt_lock = threading.Lock(), threading.Lock()
+        self._job: PartnerJob | None = None
+        self._thread: threading.Thread | None = None
+
+    def ensure(self) -> None:
+        """Started, unless it runs already (or ended idle: then again)."""
+        with self._start_lock:
+            if self._thread is not None and (self._thread.is_alive() or self.failed):
+                return  # (one that failed is not started again: its students are timed as before)
+            self.ready.clear()
+            self.error, self.starts = "", self.starts + 1
+            self._requests = queue.Queue()
+            self._job = PartnerJob(self)
+            self._thread = threading.Thread(target=self._run, args=(self._job,), daemon=True,
+                                            name=f"labkit-grade-partner-{self.plan.stage.number}")
+            self._thread.start()
+
+    def _run(self, job: "PartnerJob") -> None:
+        began = time.monotonic()
+        try:
+            o = job.run()
+            self.failed = not job.ended_idle
+            if not job.warm:
+                why = o.load_error or o.timing_error or o.grader_error or o.protocol_error or \
+                    ("it ran out of time" if o.timed_out else (o.stderr_tail or "").strip()[-300:]) or "it ended"
+                self.error = f"the reference partner did not start: {why.splitlines()[0][:300]}"
+        except Exception as exc:  # noqa: BLE001 - the grader's own failure: its students are timed as before
+            self.failed = True
+            self.error = f"the reference partner failed: {type(exc).__name__}: {exc}"
+        finally:
+            if self.warmup_s is None:
+                self.warmup_s = round(time.monotonic() - began, 2)
+            self.error = self.error or "the reference partner ended"  # (started again when next asked)
+            self.ready.set()  # (a student waiting for it reads the error)
+            for box in [job._box] + _drained(self._requests):  # an attempt asked for that will not come
+                if box is not None and not box["done"].is_set():
+                    box.update(runs=None, error=self.error)
+                    box["done"].set()
+
+    def wait_ready(self, running: Running | None) -> None:
+        """Wait, outside any turn, until it can time (its wait is the grader's, not counted against the job)."""
+        self.ensure()
+        if running is not None:
+            with running.waiting():
+                self.ready.wait(READY_S)
+        else:
+            self.ready.wait(READY_S)
+
+    def attempt(self, holder: Running | None) -> tuple[list | None, str]:
+        """One attempt of the reference inside ``holder``'s turn, on its kept core, the holder stopped meanwhile:
+        its timed passes, or None and why."""
+        if not self.ready.is_set():
+            return None, f"the reference partner was not ready within {READY_S:.0f} s"
+        if self.error:
+            return None, self.error
+        job = self._job
+        with self._attempt_lock:
+            box = {"done": threading.Event()}
+            lend = self.turns.lend(holder, job.running) if self.turns is not None and holder is not None \
+                and job.running is not None else _nothing()
+            with lend:
+                self._requests.put(box)
+                finished = box["done"].wait(ATTEMPT_S)  # (its thread answers it, also when its child ended)
+            if not finished:
+                self.error = f"the reference partner took more than {ATTEMPT_S:.0f} s for one attempt"
+                return None, self.error
+            if box.get("error"):
+                return None, box["error"]
+            self.served += 1
+            return box["runs"], ""
+
+    def close(self) -> None:
+        """End it now (the run is over)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._requests.put(None)
+            self._thread.join(timeout=30)
+
+    def report(self) -> dict:
+        return {"starts": self.starts, "attempts_served": self.served, "warmup_s": self.warmup_s,
+                **({"error": self.error} if self.failed else {})}
+
+
+def _drained(q: queue.Queue) -> list:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class PartnerJob(GradingJob):
+    """The partner's parent side: the stage's solution loaded in a child that runs no check, then answers one timing
+    attempt each time a student's turn asks (its first, the warm-up, in a turn of its own)."""
+
+    def __init__(self, partner: Partner):
+        super().__init__(partner.plan, partner.refs, "(reference partner)", partner.plan.solution, partner.seed,
+                         partner.gpu)
+        self.partner = partner
+        self.env_extra, self.sandbox, self.turns = dict(partner.env_extra), partner.sandbox, partner.turns
+        self.time_limit = 7 * 24 * 3600.0  # it lives as long as the run (or IDLE_S without a request)
+        self.warm = False  # its warm-up attempt is done: from now on it times only when asked
+        self.ended_idle = False  # told to end: the run is over, or nobody asked for IDLE_S
+        self._box: dict | None = None
+
+    def build(self, folder: Path) -> P.JobSpec:
+        r = self.plan.rubric
+        inputs = Inputs(self.refs)
+        timing, self._pass_images, _ = inputs.timing(self.plan, np.random.default_rng(self.seed), folder)
+        timing.attempts = ATTEMPTS
+        self._pass_inputs = timing.pass_inputs
+        return P.JobSpec(stage=self.plan.stage.number, notebook="", inputs=inputs.save(folder),
+                         variants=dict(self.plan.variants), nets=inputs.nets, workloads=inputs.workloads,
+                         timed=self.plan.timed, cases=[], accuracy=[], timing=timing, tasks=[], technique=None,
+                         own_layers=list(r["checks"].get("own_layers", ["conv"])),
+                         memory_mb=r["limits"]["memory_mb"],
+                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
+                         max_file_mb=r["limits"]["max_file_mb"])
+
+    def _on_checks_done(self, msg, payload, answer) -> None:
+        self.outcome.checks_done = True
+        answer(P.Answer.STOP if self.outcome.forbidden else P.Answer.CONTINUE)
+
+    def _on_accuracy_done(self, msg, payload, answer) -> None:
+        answer(P.Answer.CONTINUE)
+
+    def _on_turn(self, msg, payload, answer) -> None:
+        if not self.warm:  # the warm-up attempt (its compiling and first passes): a turn of its own
+            if self.turns is not None and self.running is not None:
+                self.turns.acquire(self.running, self.device)
+            answer(P.Answer.CONTINUE)
+            return
+        try:
+            box = self.partner._requests.get(timeout=IDLE_S)
+        except queue.Empty:
+            box = None
+        self._box = box
+        self.ended_idle = box is None
+        answer(P.Answer.STOP if box is None else P.Answer.CONTINUE)
+
+    def _on_pass(self, msg: P.PassImages, payload, answer) -> None:
+        """The same images every attempt (the solution keeps no memo): written once, linked after."""
+        if not 0 <= msg.k < len(self._pass_images):
+            self.outcome.protocol_error = f"images asked for pass {msg.k}"
+            answer(P.Answer.STOP)
+            return
+        first, path = self._pass_inputs.format(attempt=0, k=msg.k), self._pass_inputs.format(attempt=msg.attempt,
+                                                                                             k=msg.k)
+        if msg.attempt == 0:
+            np.save(first, self._pass_images[msg.k])
+        elif not os.path.exists(path):
+            os.link(first, path)
+        answer(P.Answer.CONTINUE)
+
+    def _on_timing(self, msg: P.Timing, payload, answer) -> None:
+        runs = None if msg.error else self._runs(msg.runs)
+        why = "" if runs is not None else f"the reference partner's attempt failed: {(msg.error or 'no runs')[:300]}"
+        if not self.warm:
+            self._release_turn()
+            self.warm = runs is not None
+            self.outcome.timing_error = why or None
+            if runs is not None:
+                self.partner.warmup_s = round(time.monotonic() - self._started, 2)
+                self.partner.ready.set()
+        elif self._box is not None:
+            self._box.update(runs=runs, error=why)
+            self._box["done"].set()
+            self._box = None
+        answer(P.Answer.CONTINUE if runs is not None else P.Answer.SKIP)
+
+    HANDLERS = {**GradingJob.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done,
+                P.Turn: _on_turn, P.PassImages: _on_pass, P.Timing: _on_timing}

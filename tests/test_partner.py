@@ -1,0 +1,140 @@
+"""The reference timed in each student's own turn (labkit.grading.partner; docs/grading.md, "Grades at any load"):
+a reference job timed during a slow spell of its core must not move its stage's ratios, and the partner runs on the
+holder's kept core while the student's processes are stopped."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_grade_load import PinningSandbox, _running  # noqa: E402
+
+from labkit import grading  # noqa: E402
+from labkit.grading import context, rubric, scoring  # noqa: E402
+from labkit.grading.cores import Cores  # noqa: E402
+from labkit.grading.turns import Turns  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTION = REPO / "solutions" / "01_serial_baseline.ipynb"
+SLOW = 3.0  # the reference job's passes as if its core had run this much slower
+
+
+def _rubric(paired: str) -> str:
+    text = (REPO / "tests" / "test_grade.py").read_text()
+    body = re.search(r'TEST_RUBRIC = f"""(.*?)"""', text, re.S).group(1)
+    body = body.replace("{TIME_LIMIT}", "120").replace("{{", "{").replace("}}", "}")
+    return body.replace("repeat = 3\n", f'repeat = 3\npaired = "{paired}"\n').replace(
+        "full_at_ratio = 10.0", "full_at_ratio = 1.25").replace("zero_at_ratio = 20.0", "zero_at_ratio = 4.0")
+
+
+@pytest.fixture(scope="module")
+def slow_reference(tmp_path_factory):
+    """Two copies of stage 01's solution graded at --jobs 2, the reference job's timed passes made SLOW times
+    longer (a slow spell of its core), once with partners ("always": this stage's code is the CPU's) and once
+    without; each run's report."""
+    root = tmp_path_factory.mktemp("partner")
+    for student in ("ann", "ben"):
+        (root / "subs" / student).mkdir(parents=True)
+        shutil.copy(SOLUTION, root / "subs" / student / SOLUTION.name)
+    measured = context.reference_job
+
+    def slowed(*args, **kwargs):
+        ref = measured(*args, **kwargs)
+        ref.runs = [{k: SLOW * v for k, v in run.items()} for run in ref.runs or []]
+        return ref
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(context, "reference_job", slowed)
+    reports = {}
+    try:
+        for paired in ("always", "never"):
+            (root / f"{paired}.toml").write_text(_rubric(paired))
+            reports[paired] = grading.grade(root / "subs", stages=["01"], rubric=root / f"{paired}.toml",
+                                            out=root / paired, progress=False, seed=11, jobs=2)
+    finally:
+        mp.undo()
+    return reports
+
+
+def test_a_slow_reference_job_does_not_move_the_ratios_of_paired_timing(slow_reference):
+    paired, alone = slow_reference["always"]["rows"], slow_reference["never"]["rows"]
+    assert [r["status"] for r in paired + alone] == ["pass"] * 4
+    # the same code as the reference, timed beside its partner in the same turns: near 1 whatever the reference
+    # job measured; against the slowed reference job's passes alone: about 1 / SLOW
+    assert all(0.5 < r["ratio"] < 2.0 for r in paired), [r["ratio"] for r in paired]
+    assert all(r["ratio"] < 1.5 / SLOW for r in alone), [r["ratio"] for r in alone]
+    assert all(r["op_time_points"] == 30 for r in paired)
+    for r in paired:
+        how = r["details"]["op_time_reference"]
+        assert how["timed"].startswith("in the student's turn")
+        best = next(p for p in how["pairs"] if p["attempt"] == how["attempt"])
+        assert best["student_s"] == min(p["student_s"] for p in how["pairs"])  # the student's best attempt's pair
+        assert r["ratio"] == pytest.approx(best["student_s"] / best["reference_s"])
+    for r in alone:
+        assert r["details"]["op_time_reference"] == {"timed": "in the reference job"}
+
+
+def test_the_partner_times_twice_in_every_turn_and_ends_with_the_run(slow_reference):
+    meta = slow_reference["always"]["meta"]
+    attempts = sum(len(r["details"]["op_time_reference"]["pairs"]) for r in slow_reference["always"]["rows"])
+    partner = meta["reference_partners"]["01"]
+    assert partner["starts"] == 1 and partner["attempts_served"] == 2 * attempts and "error" not in partner
+    assert slow_reference["never"]["meta"]["reference_partners"] == {}
+    assert not [t for t in __import__("threading").enumerate() if t.name.startswith("labkit-grade-partner")]
+
+
+def test_the_partner_runs_on_the_holders_kept_core_while_the_holder_is_stopped():
+    box = PinningSandbox()
+    turns = Turns(Cores(1, allowed=[0, 1, 2], siblings=lambda c: {c}))
+    holder, partner, other = _running(box, "gpu0", 1), _running(box, "gpu0", 2), _running(box, "gpu0", 3)
+    holder.kept_core = True
+    for r in (holder, partner, other):
+        turns.started(r)
+    turns.acquire(holder, "gpu0")
+    assert partner.frozen and other.frozen and box.pins == [(1, {2})]
+    with turns.lend(holder, partner):
+        assert holder.frozen and not partner.frozen and other.frozen  # nothing of the student's runs beside it
+        assert box.pins[-1] == (2, {2})  # on the holder's kept core
+    assert not holder.frozen and partner.frozen and box.pins[-1] == (2, {0, 1})
+    turns.release(holder)
+    assert not any(r.frozen for r in (holder, partner, other))
+
+
+def _pass(t: float) -> dict:
+    return {"pass": t, "conv1": t / 2}
+
+
+def test_op_time_pairs_the_students_best_attempt_with_the_reference_of_that_turn(shipped_plan):
+    o = scoring.JobOutcome(timing_runs=[_pass(0.020), _pass(0.012)], reference_runs=[_pass(0.030)],
+                           paired=[{"attempt": 0, "student": [_pass(0.020)], "reference": [_pass(0.019)]},
+                                   {"attempt": 1, "student": [_pass(0.012)], "reference": [_pass(0.010)]}])
+    out = {"details": {}}
+    ratio, _ = scoring._op_time(out, o, shipped_plan, 4)
+    assert ratio == pytest.approx(1.2) and out["details"]["op_time_reference"]["attempt"] == 1
+    # the partner timed nothing (it could not start): the reference job's passes, and the row says why
+    o.paired = [{"attempt": 0, "student": [_pass(0.012)], "reference": None, "why": "it did not load"}]
+    out = {"details": {}}
+    ratio, _ = scoring._op_time(out, o, shipped_plan, 4)
+    assert ratio == pytest.approx(0.4)
+    assert out["details"]["op_time_reference"] == {"timed": "in the reference job", "why": "it did not load"}
+
+
+def test_a_bad_pairing_mode_is_refused(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('[timing]\npaired = "sometimes"\n')
+    with pytest.raises(rubric.RubricError, match="timing.paired must be one of gpu, always, never"):
+        rubric.load_rubric(path)
+
+
+@pytest.fixture(scope="module")
+def shipped_plan():
+    from labkit.grading.plan import plan_stage
+    from labkit.stages import STAGES
+
+    return plan_stage(STAGES["01"], REPO / "solutions", rubric.load_rubric(), gpu=False, simulated=True)
+
