@@ -73,12 +73,6 @@ def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_e
     return result
 
 
-def _both(before: tuple, after: tuple) -> tuple:
-    """The partner's passes before and after a student's attempt, as one (runs or None, why)."""
-    runs = (before[0] or []) + (after[0] or [])
-    return (runs or None), "; ".join(dict.fromkeys(w for w in (before[1], after[1]) if w))
-
-
 class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
     """One (student, stage) graded, the parent's side: build inputs, run the child, judge what comes back (the
     child's side is ``worker.GradingChild``). Its inputs, its judging of a frame's outputs and its timing's later
@@ -240,8 +234,6 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
             answer(P.Answer.SKIP)
             return
         runs = self._runs(msg.runs)
-        if self.partner is not None and runs is not None:  # ... and again just after it, in the same turn
-            self._paired = _both(self._paired, self.partner.attempt(self.running))
         self._release_turn()
         speed = probe_speed_us(msg.probe)
         fastest = self.turns.fastest(self.device, speed) if self.turns is not None and speed else speed

@@ -255,7 +255,7 @@ def _op_time(out: dict, o: JobOutcome, plan: StagePlan, images: int) -> tuple[fl
         details["op_time_runs"] = {"run": label(plan.stage.number, plan.timed), "student": o.timing_runs,
                                    "reference": o.reference_runs}
         details["op_time_reference"] = (
-            {"timed": "in the student's turn, just before and just after it (a partner)", "attempt": best["attempt"],
+            {"timed": "in the student's turn, just before it (a partner)", "attempt": best["attempt"],
              "pairs": [{"attempt": p["attempt"], "student_s": min(r["pass"] for r in p["student"]),
                         "reference_s": min(r["pass"] for r in p["reference"]) if p["reference"] else None,
                         **({"why": p["why"]} if "why" in p else {})} for p in o.paired]} if best else
