@@ -9,13 +9,11 @@ Imported by the worker before any student code exists, so every function here is
 from __future__ import annotations
 
 import functools
-import gc
 import time
 from contextlib import contextmanager
 
 _perf_counter = time.perf_counter
 _contextmanager = contextmanager
-_gc_collect, _gc_disable, _gc_enable = gc.collect, gc.disable, gc.enable
 
 from numba import cuda as _cuda  # noqa: E402  (labkit's package import set the simulator's mode first)
 
@@ -109,26 +107,6 @@ def wait_quiet(gpu: bool, limit_s: float = QUIET_LIMIT_S) -> tuple[float, dict]:
             break
     waited = _perf_counter() - t0
     return waited, {"sleep_ms": [round(v, 3) for v in seen[-12:]], "before": quiet_samples(True)}
-
-
-@contextmanager
-def settled(gpu_here: bool):
-    """One timed pass with the child's history left out: its garbage collected and, on a GPU, the device memory it
-    freed earlier given back (numba frees in batches, each a synchronising call) before the clock starts, and no
-    collection while the pass runs. A student's child has run checks and accuracy runs before its passes, its
-    reference partner (``labkit.grading.partner``) nothing: on an H100 launch-bound passes of copies of the
-    solution took 5-20 % longer than the partner's in the same turns (results/h100x2-2026-11-28)."""
-    _gc_collect()
-    if gpu_here:
-        try:
-            _cuda.current_context().deallocations.clear()
-        except Exception:  # noqa: BLE001 - no such queue here (the simulator): nothing to give back
-            pass
-    _gc_disable()
-    try:
-        yield
-    finally:
-        _gc_enable()
 
 
 def gpu_syncs(gpu_here: bool) -> tuple:

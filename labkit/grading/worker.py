@@ -225,7 +225,7 @@ class GradingChild:
         for k in range(t.repeat):
             fresh = engine.prepare(net, variant, images(k), w)
             clock = make_clock()
-            with timed.settled(bool(self.syncs)), tracer.installed() if tracer is not None else nullcontext():
+            with tracer.installed() if tracer is not None else nullcontext():
                 before = set(_threads())
                 with clock.whole("pass"):
                     probs = engine.forward(net, variant, fresh, clock=clock)
