@@ -231,14 +231,35 @@ def grade_remote(spec: dict, task: dict) -> dict:
     return row
 
 
+def in_slots(tasks: list[dict], slots: int, submit: Callable, finished: Callable[[int, object], dict]) -> None:
+    """Every task on the cluster, as many at a time as its workers have slots, each freed slot given the costliest
+    stage's next task (``backlog.Backlog``): ``submit(k)`` is task k's future, ``finished(k, future)`` its row."""
+    from distributed import as_completed
+
+    backlog = Backlog(tasks)
+    futures, done = {}, as_completed()
+
+    def more() -> None:
+        k = backlog.take()
+        if k is not None:
+            future = submit(k)
+            futures[future] = k
+            done.add(future)
+
+    for _ in range(slots):
+        more()
+    for future in done:
+        k = futures.pop(future)
+        backlog.done(k, finished(k, future))
+        more()
+
+
 def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callable[[dict, dict], None],
                    local: Callable[[dict], dict], failed: Callable[[dict, str], dict]) -> tuple[list[dict], str, dict]:
     """Rows for ``tasks`` in their order; a task without a notebook (missing stage) is answered by ``local``, a
     task whose worker was lost by ``failed(task, why)``. A row the grader's machinery could not finish for want of
     a resource (threads) is graded again at the end, alone on the cluster, as ``run.run_local`` does. Also returns
     the description of the cluster and each worker's turns (``worker_summary``: {worker address: summary})."""
-    from distributed import as_completed
-
     spec = {**spec, "rubric": str(Path(spec["rubric"]).resolve()) if spec["rubric"] else None,
             "solutions": str(Path(spec["solutions"]).resolve())}
     client, cluster, where = connect(spec_str, spec.get("gpus"), spec.get("per_gpu", 1))
@@ -260,27 +281,17 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
             if task["notebook"] is None:
                 rows[i] = local(task)
                 on_row(task, rows[i])
-        # as many tasks on the workers as they have slots, each freed slot given the costliest stage's next task
-        backlog = Backlog([t for t in tasks if t["notebook"] is not None])
         index = [i for i, t in enumerate(tasks) if t["notebook"] is not None]
-        slots = max(1, sum(client.nthreads().values()))
-        futures, done = {}, as_completed()
-        for _ in range(slots):
-            k = backlog.take()
-            if k is not None:
-                futures[f := submit(index[k])] = k
-                done.add(f)
-        for future in done:
-            k = futures.pop(future)
+
+        def finished(k: int, future) -> dict:
             i = index[k]
             rows[i] = result(i, future)
-            backlog.done(k, rows[i])
             if not rows[i].get("details", {}).get("resource_error"):
                 on_row(tasks[i], rows[i])
-            k = backlog.take()
-            if k is not None:
-                futures[f := submit(index[k])] = k
-                done.add(f)
+            return rows[i]
+
+        in_slots([tasks[i] for i in index], max(1, sum(client.nthreads().values())),
+                 lambda k: submit(index[k]), finished)
         for i, row in enumerate(rows):  # nothing else runs now: what ran out of threads under load may pass alone
             if row is not None and row.get("details", {}).get("resource_error"):
                 rows[i] = result(i, submit(i, 1))
