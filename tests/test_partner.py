@@ -138,3 +138,20 @@ def shipped_plan():
 
     return plan_stage(STAGES["01"], REPO / "solutions", rubric.load_rubric(), gpu=False, simulated=True)
 
+
+
+def test_a_partner_that_cannot_start_says_why_once_and_is_not_started_again(shipped_plan, tmp_path):
+    """Its students are timed against the reference job's passes (their rows say why: see the scoring test above),
+    and no student job waits for it to start again."""
+    import dataclasses
+
+    from labkit.grading.partner import Partner
+    from labkit.grading.plan import References
+
+    plan = dataclasses.replace(shipped_plan, solution=tmp_path / "gone.ipynb")
+    partner = Partner(plan, References(), False, 1, {}, None, None)
+    partner.wait_ready(None)
+    runs, why = partner.attempt(None)
+    assert runs is None and why.startswith("the reference partner failed: FileNotFoundError")
+    partner.wait_ready(None)
+    assert partner.starts == 1 and partner.report()["error"] == why
