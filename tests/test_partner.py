@@ -68,7 +68,7 @@ def test_a_slow_reference_job_does_not_move_the_ratios_of_paired_timing(slow_ref
     # job measured; against the slowed reference job's passes alone: about 1 / SLOW
     assert all(0.5 < r["ratio"] < 2.0 for r in paired), [r["ratio"] for r in paired]
     assert all(r["ratio"] < 1.5 / SLOW for r in alone), [r["ratio"] for r in alone]
-    assert all(r["op_time_points"] == 30 for r in paired)
+    assert all(r["op_time_points"] > 20 for r in paired)  # (a ratio below 2 earns at least 21.8 of 30 here)
     for r in paired:
         how = r["details"]["op_time_reference"]
         assert how["timed"].startswith("in the student's turn")
