@@ -89,6 +89,15 @@ class Inputs:
         return calls, expected
 
 
+def spec_limits(plan: StagePlan, gpu: bool) -> dict:
+    """What every child's ``JobSpec`` takes from the rubric whatever its job (a student's, a technique count, a
+    reference partner): the layer kinds that are its own work and its limits."""
+    r = plan.rubric
+    return {"own_layers": list(r["checks"].get("own_layers", ["conv"])), "memory_mb": r["limits"]["memory_mb"],
+            "memory_guard": sandbox.memory_guard(r["limits"]["memory_mb"], gpu),
+            "max_file_mb": r["limits"]["max_file_mb"]}
+
+
 def fresh_passes(x: np.ndarray, rng: np.random.Generator, repeat: int) -> list[np.ndarray]:
     """``repeat`` copies of the images ``x`` with noise of a tenth of their spread, new for every pass and every
     job (and every attempt)."""
@@ -150,7 +159,7 @@ class JobInputs:
 
     def build(self, folder: Path) -> P.JobSpec:
         """The job the child reads and its inputs (``inputs.npz``); the answers stay here."""
-        plan, r = self.plan, self.plan.rubric
+        plan = self.plan
         rng = np.random.default_rng(self.seed)
         inputs = Inputs(self.refs)
         cases = self._cases(inputs, rng)
@@ -180,9 +189,7 @@ class JobInputs:
                          variants=dict(plan.variants), nets=inputs.nets, workloads=inputs.workloads, timed=plan.timed,
                          cases=cases, accuracy=accuracy, timing=timing, tasks=task_calls,
                          technique=P.TechniqueSpec(**tech) if tech else None,
-                         own_layers=list(r["checks"].get("own_layers", ["conv"])), memory_mb=r["limits"]["memory_mb"],
-                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
-                         max_file_mb=r["limits"]["max_file_mb"])
+                         **spec_limits(plan, self.gpu))
 
     def _cases(self, inputs: Inputs, rng) -> list[P.CaseSpec]:
         """Every check's case, its inputs put into ``inputs`` and its float64 answer left to compute ahead."""

@@ -23,7 +23,7 @@ from . import protocol as P
 from .ahead import Ahead
 from .attempts import TimedAttempts, probe_speed_us
 from .child_start import job_env, last_kernel, not_as_the_grader, private_folder, tuning_copy
-from .inputs import Inputs, JobInputs
+from .inputs import Inputs, JobInputs, spec_limits
 from .phases import PhaseClock, rounded
 from .plan import References, StagePlan
 from .protocol import read_array
@@ -428,14 +428,11 @@ class TechniqueJob(GradingJob):
     submission loaded as in any job, no checks, then the technique's load fractions."""
 
     def build(self, folder: Path) -> P.JobSpec:
-        r, tech = self.plan.rubric, self.plan.technique()
+        tech = self.plan.technique()
         return P.JobSpec(stage=self.plan.stage.number, notebook="", inputs=Inputs(self.refs).save(folder),
                          variants=dict(self.plan.variants), nets={}, workloads={}, timed=self.plan.timed, cases=[],
                          accuracy=[], timing=None, technique=P.TechniqueSpec(**tech),
-                         own_layers=list(r["checks"].get("own_layers", ["conv"])),
-                         memory_mb=r["limits"]["memory_mb"], memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"],
-                                                                                              False),
-                         max_file_mb=r["limits"]["max_file_mb"])
+                         **spec_limits(self.plan, False))
 
     def _on_checks_done(self, msg, payload, answer) -> None:
         self.outcome.checks_done = True

@@ -16,13 +16,13 @@ import os
 import queue
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 
 from . import protocol as P
-from . import sandbox
-from .inputs import Inputs
+from .inputs import Inputs, spec_limits
 from .job import GradingJob
 from .turns import Running
 
@@ -120,7 +120,7 @@ class Partner:
         with self._attempt_lock:
             box = {"done": threading.Event()}
             lend = self.turns.lend(holder, job.running) if self.turns is not None and holder is not None \
-                and job.running is not None else _nothing()
+                and job.running is not None else nullcontext()
             with lend:
                 self._requests.put(box)
                 finished = box["done"].wait(ATTEMPT_S)  # (its thread answers it, also when its child ended)
@@ -152,14 +152,6 @@ def _drained(q: queue.Queue) -> list:
             return out
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 class PartnerJob(GradingJob):
     """The partner's parent side: the stage's solution loaded in a child that runs no check, then answers one timing
     attempt each time a student's turn asks (its first, the warm-up, in a turn of its own)."""
@@ -175,7 +167,6 @@ class PartnerJob(GradingJob):
         self._box: dict | None = None
 
     def build(self, folder: Path) -> P.JobSpec:
-        r = self.plan.rubric
         inputs = Inputs(self.refs)
         timing, self._pass_images, _ = inputs.timing(self.plan, np.random.default_rng(self.seed), folder)
         timing.attempts = ATTEMPTS
@@ -183,10 +174,7 @@ class PartnerJob(GradingJob):
         return P.JobSpec(stage=self.plan.stage.number, notebook="", inputs=inputs.save(folder),
                          variants=dict(self.plan.variants), nets=inputs.nets, workloads=inputs.workloads,
                          timed=self.plan.timed, cases=[], accuracy=[], timing=timing, tasks=[], technique=None,
-                         own_layers=list(r["checks"].get("own_layers", ["conv"])),
-                         memory_mb=r["limits"]["memory_mb"],
-                         memory_guard=sandbox.memory_guard(r["limits"]["memory_mb"], self.gpu),
-                         max_file_mb=r["limits"]["max_file_mb"])
+                         **spec_limits(self.plan, self.gpu))
 
     def _on_checks_done(self, msg, payload, answer) -> None:
         self.outcome.checks_done = True
