@@ -85,6 +85,10 @@ def test_the_partner_times_once_in_every_turn_and_ends_with_the_run(slow_referen
     partner = meta["reference_partners"]["01"]
     assert partner["starts"] == 1 and partner["attempts_served"] == attempts and "error" not in partner
     assert slow_reference["never"]["meta"]["reference_partners"] == {}
+    # no turn of the partner's own: its warm-up is untimed and stops nobody; the turns are the students' attempts
+    # and the reference job's
+    reference = sum(len(v["reference_attempts"]) for v in meta["time_limits"].values())
+    assert meta["turns"]["turns"] == attempts + reference, (meta["turns"], attempts, reference)
     assert not [t for t in __import__("threading").enumerate() if t.name.startswith("labkit-grade-partner")]
 
 
@@ -103,6 +107,56 @@ def test_the_partner_runs_on_the_holders_kept_core_while_the_holder_is_stopped()
     assert not holder.frozen and partner.frozen and box.pins[-1] == (2, {0, 1})
     turns.release(holder)
     assert not any(r.frozen for r in (holder, partner, other))
+
+
+def test_an_attempt_timed_beside_its_partner_is_not_timed_again_on_a_slow_core(shipped_plan):
+    """A slow spell slows the partner's attempt and the student's alike (same core, same turn): another attempt
+    would only lengthen the turns every other job waits for. Without a partner's passes it is timed again."""
+    from labkit.grading.job import GradingJob
+
+    job = GradingJob(shipped_plan, None, "ann", SOLUTION, 1, False)
+    job._started = job._turn_at = __import__("time").monotonic()
+    job.time_limit = 3600.0
+    assert job._again(speed=3.0, fastest=1.0)  # no partner: a core three times slower is timed again
+    job.partner, job._paired = object(), ([_pass(0.01)], "")
+    assert not job._again(speed=3.0, fastest=1.0)
+    job._paired = (None, "the reference partner did not start")
+    assert job._again(speed=3.0, fastest=1.0)
+
+
+def test_the_timed_passes_start_settled_and_run_uncollected():
+    """What the earlier phases left (cyclic garbage) is collected before the turn, not inside a pass, and the
+    collector is off while the passes run, on again after (docs/grading.md, "Grades at any load")."""
+    import gc
+    import weakref
+
+    from labkit.grading import timed
+
+    class Cycle:
+        pass
+
+    a = Cycle()
+    a.me = a
+    alive = weakref.ref(a)
+    del a
+    was = gc.isenabled()
+    gc.disable()  # (so only settle can collect it)
+    try:
+        assert alive() is not None
+        timed.settle(False)
+        assert alive() is None
+    finally:
+        if was:
+            gc.enable()
+    gc.enable()
+    with timed.uncollected():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    with timed.uncollected():
+        pass
+    assert not gc.isenabled()  # (as it was)
+    gc.enable()
 
 
 def _pass(t: float) -> dict:

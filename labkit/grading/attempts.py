@@ -47,8 +47,11 @@ class TimedAttempts:
     def _again(self, speed: float | None, fastest: float | None) -> bool:
         """Time another attempt, later, on fresh images: this one's core ran slower than ``timing.slow_core`` above
         the fastest probe the run saw on this device, an attempt is left, and the job's limit leaves room for two
-        more like it."""
+        more like it. Never where a partner timed the reference in the same turn (its ratio does not follow the
+        core)."""
         t = self.plan.rubric["timing"]
+        if self.partner is not None and self._paired[0] is not None:
+            return False  # its partner ran on the same core in the same turn: a slow spell slowed both alike
         if speed is None or self._attempt + 1 >= t.get("attempts", 1) or speed <= (1 + t.get("slow_core", 0.15)) \
                 * fastest:
             return False

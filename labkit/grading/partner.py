@@ -154,7 +154,8 @@ def _drained(q: queue.Queue) -> list:
 
 class PartnerJob(GradingJob):
     """The partner's parent side: the stage's solution loaded in a child that runs no check, then answers one timing
-    attempt each time a student's turn asks (its first, the warm-up, in a turn of its own)."""
+    attempt each time a student's turn asks (its first, the warm-up, untimed and outside any turn: stopped, as any
+    job's untimed work, while another job holds one)."""
 
     def __init__(self, partner: Partner):
         super().__init__(partner.plan, partner.refs, "(reference partner)", partner.plan.solution, partner.seed,
@@ -184,10 +185,8 @@ class PartnerJob(GradingJob):
         answer(P.Answer.CONTINUE)
 
     def _on_turn(self, msg, payload, answer) -> None:
-        if not self.warm:  # the warm-up attempt (its compiling and first passes): a turn of its own
-            if self.turns is not None and self.running is not None:
-                self.turns.acquire(self.running, self.device)
-            answer(P.Answer.CONTINUE)
+        if not self.warm:  # the warm-up attempt (its compiling and first passes): untimed, so it takes no turn
+            answer(P.Answer.CONTINUE)  # (a turn of its own stopped every other job for 6-12 s, seven times a run)
             return
         try:
             box = self.partner._requests.get(timeout=IDLE_S)
@@ -215,7 +214,6 @@ class PartnerJob(GradingJob):
         runs = None if msg.error else self._runs(msg.runs)
         why = "" if runs is not None else f"the reference partner's attempt failed: {(msg.error or 'no runs')[:300]}"
         if not self.warm:
-            self._release_turn()
             self.warm = runs is not None
             self.outcome.timing_error = why or None
             if runs is not None:

@@ -255,15 +255,17 @@ class StudentPhases:
         ctx, t = self.ctx, self.ctx.job.timing
         when = f"timing variant {t.variant!r} on {ctx.workloads[t.workload][1].shape[0]} images" + (
             f" (attempt {attempt + 1})" if attempt else "")
+        gpu = ctx.info.kind == "gpu"
+        timed.settle(gpu)  # the earlier phases' garbage and frees, not the turn's
         ctx.send(P.Turn(when))  # wait until every other job is stopped (labkit.grading.turns)
         if ctx.answer() is not P.Answer.CONTINUE:
             return P.Answer.STOP
-        gpu = ctx.info.kind == "gpu"
         quiet, probe = timed.wait_quiet(gpu)
         ctx.send(P.Start(when))
         ctx.records.clear()
         try:
-            runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer, self._images(attempt))
+            with timed.uncollected():
+                runs, preds = ctx.timed_passes(self.checked[t.variant], self.tracer, self._images(attempt))
         except TamperedError:
             raise
         except BaseException as exc:  # noqa: BLE001

@@ -9,22 +9,49 @@ Imported by the worker before any student code exists, so every function here is
 from __future__ import annotations
 
 import functools
+import gc
 import time
 from contextlib import contextmanager
 
 _perf_counter = time.perf_counter
 _contextmanager = contextmanager
+_gc_collect, _gc_disable, _gc_enable, _gc_isenabled = gc.collect, gc.disable, gc.enable, gc.isenabled
 
 from numba import cuda as _cuda  # noqa: E402  (labkit's package import set the simulator's mode first)
 
 # the CUDA event functions (the simulator has no event_elapsed_time; it never times with events)
-_cuda_event, _cuda_synchronize = _cuda.event, _cuda.synchronize
+_cuda_event, _cuda_synchronize, _cuda_context = _cuda.event, _cuda.synchronize, _cuda.current_context
 _cuda_elapsed = getattr(_cuda, "event_elapsed_time", None)
 
 #: the quiet device's probe (``wait_quiet``): its sleep, how many of the last must agree, how closely, how long
 QUIET_PROBE_US, QUIET_RUNS, QUIET_SPREAD, QUIET_LIMIT_S = 500, 3, 0.10, 10.0
 #: the core's probe: iterations of a pure-Python loop (about a millisecond on a server core)
 CORE_LOOP = 20_000
+
+
+def settle(gpu: bool) -> None:
+    """Before a timing turn is asked for, outside it (no other job waits meanwhile): the garbage of the earlier
+    phases collected, and on a GPU the device frees numba deferred (``deallocations``) made now. A student's child
+    has run checks and accuracy runs, its reference partner nothing: left for the timed passes, that work fell into
+    the student's passes only (launch-bound stages 07, 09 and 10 timed up to 13 % slower than the same solution in
+    the partner, results/h100x2-2026-11-28). Inside the turn it cost far more (a collection before every pass)."""
+    _gc_collect()
+    if gpu:
+        _cuda_context().deallocations.clear()
+
+
+@_contextmanager
+def uncollected():
+    """The timed passes with Python's cyclic collector off: a collection's length follows how much the child made
+    before (a student's child far more than its partner), not the pass. Reference counting still frees what a pass
+    drops; the collector is back on after, as it was."""
+    was = _gc_isenabled()
+    _gc_disable()
+    try:
+        yield
+    finally:
+        if was:
+            _gc_enable()
 
 
 def core_samples(n: int = 8) -> list[float]:
