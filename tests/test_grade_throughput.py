@@ -499,14 +499,23 @@ def test_a_free_slot_passes_over_a_task_that_would_wait_for_its_reference(pass_o
 
 
 def test_a_job_waits_for_its_reference_only_while_another_slot_runs_it(plan):
+    import copy
+    import dataclasses
+
     ctx = object.__new__(context.Context)
-    ctx._lock, ctx._locks, ctx._timings = threading.Lock(), {}, {}
+    ctx._lock, ctx._locks, ctx._timings, ctx.plans = threading.Lock(), {}, {}, {"05": plan}
     task = {"stage": "05", "notebook": "nb"}
     assert not ctx.waits_for_reference(task)  # not started: this slot would run it
     ctx._locks[("05", None)] = threading.Lock()
     with ctx._locks[("05", None)]:
         assert ctx.waits_for_reference(task) and not ctx.waits_for_reference({**task, "notebook": None})
         assert not ctx.waits_for_reference(task, {"CUDA_VISIBLE_DEVICES": "1"})  # another GPU's reference
+        # the limit as given and a partner timing the reference in its turns: it starts now, reads it after
+        rubric = copy.deepcopy(plan.rubric)
+        rubric["limits"]["time_factor"], rubric["timing"]["paired"] = 0, "always"
+        ctx.plans["05"] = dataclasses.replace(plan, rubric=rubric, measured=True)
+        assert ctx.defers_reference(ctx.plans["05"]) and not ctx.waits_for_reference(task)
+        ctx.plans["05"] = plan
     assert not ctx.waits_for_reference(task)
 
 

@@ -28,6 +28,8 @@ def _rubric(paired: str) -> str:
     text = (REPO / "tests" / "test_grade.py").read_text()
     body = re.search(r'TEST_RUBRIC = f"""(.*?)"""', text, re.S).group(1)
     body = body.replace("{TIME_LIMIT}", "120").replace("{{", "{").replace("}}", "}")
+    if paired == "always":  # the limit as given: its students do not wait for the reference job (below)
+        body = body.replace("[limits]\n", "[limits]\ntime_factor = 0\n")
     return body.replace("repeat = 3\n", f'repeat = 3\npaired = "{paired}"\n').replace(
         "full_at_ratio = 10.0", "full_at_ratio = 1.25").replace("zero_at_ratio = 20.0", "zero_at_ratio = 4.0")
 
@@ -90,6 +92,23 @@ def test_the_partner_times_once_in_every_turn_and_ends_with_the_run(slow_referen
     reference = sum(len(v["reference_attempts"]) for v in meta["time_limits"].values())
     assert meta["turns"]["turns"] == attempts + reference, (meta["turns"], attempts, reference)
     assert not [t for t in __import__("threading").enumerate() if t.name.startswith("labkit-grade-partner")]
+
+
+def test_a_paired_student_does_not_wait_for_the_reference_job_where_it_scales_no_limit(slow_reference):
+    """``time_factor = 0`` and a partner: the student whose slot did not take the reference job starts while it
+    runs, and reads its result once graded (a run on two H100s left half its slots waiting for stage 06's)."""
+    report = slow_reference["always"]
+    ref_end = report["meta"]["reference_jobs"]["01"]["ran"][1]
+    after = [r for r in report["rows"] if r["details"]["ran"].get("reference_read") == "after the job"]
+    assert len(after) == 1 and after[0]["details"]["ran"]["from"] < ref_end  # the other slot ran the reference
+    assert all(r["status"] == "pass" and r["details"]["op_time_reference"]["timed"].startswith("in the student")
+               for r in report["rows"])
+    # with the limit scaled by the reference job's wall time (the rubric's default), the other student waits
+    alone = slow_reference["never"]
+    ref_end = alone["meta"]["reference_jobs"]["01"]["ran"][1]
+    assert not [r for r in alone["rows"] if "reference_read" in r["details"]["ran"]]
+    assert min(r["details"]["ran"]["from"] + r["details"]["ran"]["reference_s"] for r in alone["rows"]) \
+        >= ref_end - 0.5
 
 
 def test_the_partner_runs_on_the_holders_kept_core_while_the_holder_is_stopped():
@@ -159,6 +178,72 @@ def test_the_timed_passes_start_settled_and_run_uncollected():
     gc.enable()
 
 
+class _LendLog:
+    """Turns as a relay sees them: who runs (the holder, or the partner lent its core)."""
+
+    def __init__(self):
+        self.running = "holder"
+
+    def lend_to(self, holder, other):
+        self.running = "partner"
+
+    def lend_back(self, holder, other):
+        self.running = "holder"
+
+
+def test_a_relay_takes_the_partners_passes_and_the_students_in_turn():
+    """Partner pass 0, student pass 0, partner pass 1...: a slow spell of the core inside the attempt slows passes
+    of both (with the partner's whole attempt first, copies of stage 07's solution scored 0.72 and 1.58 on an H100).
+    Each side asks for pass k's images as the previous pass ends (``done``), then waits for its turn (``wait``); the
+    partner's passes run while the holder is stopped, the student's while the partner is."""
+    import threading
+
+    from labkit.grading.partner import Relay
+
+    log, turns, order = [], _LendLog(), []
+    relay = Relay(turns, "holder", "partner", 3)
+    relay.start()
+
+    def side(who, name):
+        for k in range(3):
+            if k:
+                relay.done(who, k - 1)
+            relay.wait(who, k)
+            order.append(f"{name}{k}")
+            log.append((f"{name}{k}", turns.running))
+        if who == Relay.PARTNER:
+            relay.finish([_pass(0.01)] * 3, "")
+        else:
+            relay.done(who, 2)
+
+    threads = [threading.Thread(target=side, args=(Relay.STUDENT, "s")),
+               threading.Thread(target=side, args=(Relay.PARTNER, "p"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert order == ["p0", "s0", "p1", "s1", "p2", "s2"]
+    assert all(running == ("partner" if name[0] == "p" else "holder") for name, running in log), log
+    assert relay.result() == ([_pass(0.01)] * 3, "") and turns.running == "holder"
+
+
+def test_a_relay_whose_partner_ends_lets_the_student_go_on_alone():
+    import threading
+
+    from labkit.grading.partner import Relay
+
+    turns = _LendLog()
+    relay = Relay(turns, "holder", "partner", 3)
+    relay.start()
+    waited = threading.Thread(target=relay.wait, args=(Relay.STUDENT, 1))
+    waited.start()
+    relay.abort("the reference partner ended")
+    waited.join(5)
+    assert not waited.is_alive() and turns.running == "holder"
+    assert relay.result() == (None, "the reference partner ended")
+    assert Relay.ended("not ready").result() == (None, "not ready")
+
+
 def _pass(t: float) -> dict:
     return {"pass": t, "conv1": t / 2}
 
@@ -205,7 +290,7 @@ def test_a_partner_that_cannot_start_says_why_once_and_is_not_started_again(ship
     plan = dataclasses.replace(shipped_plan, solution=tmp_path / "gone.ipynb")
     partner = Partner(plan, References(), False, 1, {}, None, None)
     partner.wait_ready(None)
-    runs, why = partner.attempt(None)
+    runs, why = partner.pair(None, 3).result()
     assert runs is None and why.startswith("the reference partner failed: FileNotFoundError")
     partner.wait_ready(None)
     assert partner.starts == 1 and partner.report()["error"] == why

@@ -120,14 +120,24 @@ class Context:
         key = _reference_key(task["stage"], env_extra)
         with self._lock:
             lock = self._locks.get(key)
-        return task["notebook"] is not None and key not in self._timings and lock is not None and lock.locked()
+        return task["notebook"] is not None and key not in self._timings and lock is not None and lock.locked() \
+            and not self.defers_reference(self.plans[task["stage"]])
 
-    def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
+    def defers_reference(self, plan: StagePlan) -> bool:
+        """Whether a student of the stage starts before its reference job has ended: its limit is the rubric's
+        (``time_factor = 0``: the reference's wall time scales nothing) and a partner times the reference in its
+        turns (``partner.paired``), so the job needs the reference's result only once it has run (a run on two
+        H100s left three of six slots waiting 55-90 s for stage 06's reference job, results/h100x2-2026-11-28)."""
+        return not plan.rubric["limits"]["time_factor"] and plan.measured and paired(plan)
+
+
+    def reference(self, plan: StagePlan, env_extra: dict | None = None,
+                  wait: bool = True) -> tuple[ReferenceTiming | None, float] | None:
         """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
         (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``
         times its wall time, at least ``limits.min_time_s``, at most the rubric's limit (``time_factor = 0``: the
         rubric's limit as it is, and no reference job where op time is not measured). The timing is None where op
-        time is not measured."""
+        time is not measured. ``wait=False``: None at once where another slot is measuring it now."""
         lim = plan.rubric["limits"]
         if not plan.measured and not lim["time_factor"]:
             return None, plan.time_limit
@@ -135,7 +145,9 @@ class Context:
         key = _reference_key(plan.stage.number, env)
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
+        if not lock.acquire(blocking=wait):
+            return None
+        try:
             if key not in self._timings:
                 def measure() -> ReferenceTiming:
                     return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
@@ -148,6 +160,8 @@ class Context:
                                               "phases_s": self._timings[key].phases_s,
                                               "attempts": self._timings[key].attempts,
                                               **(self.cache.stages.get(where, {}) if self.cache else {})}
+        finally:
+            lock.release()
         ref = self._timings[key]
         limit = plan.time_limit
         if lim["time_factor"] and not ref.error:
@@ -197,11 +211,21 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
                                            f"{ctx.stuck[job.device]}, which never ended (a GPU kernel that never "
                                            f"returns): regrade this row on a machine whose GPU is free")
     began, reference_s = time.time(), None  # the job's span on the wall clock; the part of it its reference took
+    deferred = False  # the reference job ran in another slot meanwhile, its result read once this job had run
     try:
-        job.use_reference(*ctx.reference(plan, env_extra))
-        reference_s = time.time() - began  # the first job of a stage runs it; the others wait for it meanwhile
+        ref = ctx.reference(plan, env_extra, wait=not ctx.defers_reference(plan))
+        deferred = ref is None
+        if deferred:  # measured in another slot now: its result is read once the job has run
+            job.use_reference(None, plan.time_limit)
+        else:
+            job.use_reference(*ref)
+            reference_s = time.time() - began  # the first job of a stage runs it; the others wait for it meanwhile
         job.partner = ctx.partner(plan, env_extra) if job.outcome.grader_error is None else None
         job.run()
+        if deferred:
+            waited = time.time()
+            job.use_reference(ctx.reference(plan, env_extra)[0])
+            reference_s = time.time() - waited
         row = job.row()
         row["notebook"] = task["notebook"]
         if job.outcome.survivors:  # nobody else gets this device while they are there
@@ -212,7 +236,8 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
         row = grader_error_row(ctx, task, f"grader error: {type(exc).__name__}: {exc}",
                                traceback.format_exc(limit=8))
     row["details"]["ran"] = {"from": round(began, 2), "to": round(time.time(), 2),
-                             "reference_s": round(time.time() - began if reference_s is None else reference_s, 2)}
+                             "reference_s": round(time.time() - began if reference_s is None else reference_s, 2),
+                             **({"reference_read": "after the job"} if deferred else {})}
     if task.get("note"):
         row["message"] += f" [{task['note']}]"
     if env_extra and env_extra.get("CUDA_VISIBLE_DEVICES") is not None:

@@ -106,6 +106,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         self._counting: tuple | None = None  # on a GPU: the technique's simulator child, started beside this one
         self.partner = None  # the stage's reference timed in this job's turns (labkit.grading.partner), or None
         self._paired: tuple = (None, "")  # the partner's passes in the current attempt's turn, or why none
+        self._relay = None  # the current attempt's passes taken in turn with the partner's (partner.Relay)
 
     # ---- one handler per message (HANDLERS below): each judges its message and answers where the child waits
     def _phase(self, phase: str) -> None:
@@ -192,8 +193,8 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
             self.partner.wait_ready(self.running)
         if self.turns is not None and self.running is not None:
             self.turns.acquire(self.running, WHOLE if self.alone else self.device)
-        if self.partner is not None:  # the reference, timed in this turn on its core just before the student
-            self._paired = self.partner.attempt(self.running)
+        if self.partner is not None:  # the reference, timed in this turn on its core, pass by pass with the student
+            self._relay = self.partner.pair(self.running, len(self._pass_images))
         self._turn_at = time.monotonic()
         answer(P.Answer.CONTINUE)
 
@@ -216,6 +217,10 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         answer(P.Answer.STOP if o.forbidden else P.Answer.CONTINUE if go else P.Answer.SKIP)
 
     def _on_pass(self, msg: P.PassImages, payload, answer) -> None:
+        if self._relay is not None:  # pass k once the partner's pass k has run
+            if msg.k:
+                self._relay.done(self._relay.STUDENT, msg.k - 1)
+            self._relay.wait(self._relay.STUDENT, msg.k)
         why = self._hand_pass(msg.attempt, msg.k)
         if why:
             self.outcome.protocol_error = why
@@ -225,6 +230,12 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         """One attempt's passes: kept beside the earlier attempts' (op time is the best pass of them all), and
         answered with another attempt when its core ran slow (``_again``), else with enough."""
         o = self.outcome
+        if self._relay is not None:
+            if msg.error:
+                self._relay.abort("the student's timed passes failed")
+            else:
+                self._relay.done(self._relay.STUDENT, len(self._pass_images) - 1)
+            self._paired, self._relay = self._relay.result(), None
         if msg.error or msg.attempt != self._attempt:
             self._release_turn()
             o.finished.add("timing")
@@ -333,6 +344,9 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
             o.tampered = guard.changed()
             o.last_kernel = last_kernel(folder)
         finally:
+            if self._relay is not None:  # ended inside a paired attempt: its partner goes on alone
+                self._relay.abort("the student's job ended")
+                self._relay = None
             shutil.rmtree(folder, ignore_errors=True)
             o.phases = self.clock.stop()
             for ahead in (self._ahead, self._retry):  # (a job that ended early: nothing more is needed)

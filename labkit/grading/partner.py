@@ -16,7 +16,6 @@ import os
 import queue
 import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +60,7 @@ class Partner:
         self.failed = False
         self.warmup_s: float | None = None  # its load and first attempt, seconds
         self._requests: queue.Queue = queue.Queue()
-        self._start_lock, self._attempt_lock = threading.Lock(), threading.Lock()
+        self._start_lock = threading.Lock()
         self._job: PartnerJob | None = None
         self._thread: threading.Thread | None = None
 
@@ -95,10 +94,9 @@ class Partner:
                 self.warmup_s = round(time.monotonic() - began, 2)
             self.error = self.error or "the reference partner ended"  # (started again when next asked)
             self.ready.set()  # (a student waiting for it reads the error)
-            for box in [job._box] + _drained(self._requests):  # an attempt asked for that will not come
-                if box is not None and not box["done"].is_set():
-                    box.update(runs=None, error=self.error)
-                    box["done"].set()
+            for relay in [job._relay] + _drained(self._requests):  # an attempt asked for that will not come
+                if relay is not None:
+                    relay.abort(self.error)
 
     def wait_ready(self, running: Running | None) -> None:
         """Wait, outside any turn, until it can time (its wait is the grader's, not counted against the job)."""
@@ -109,28 +107,21 @@ class Partner:
         else:
             self.ready.wait(READY_S)
 
-    def attempt(self, holder: Running | None) -> tuple[list | None, str]:
-        """One attempt of the reference inside ``holder``'s turn, on its kept core, the holder stopped meanwhile:
-        its timed passes, or None and why."""
+    def pair(self, holder: Running | None, passes: int) -> "Relay":
+        """The reference's attempt inside ``holder``'s turn, its passes taken in turn with the student's (``Relay``):
+        started now (the partner's first pass runs while the holder is stopped); a relay already ended, with why,
+        where the partner cannot time."""
         if not self.ready.is_set():
-            return None, f"the reference partner was not ready within {READY_S:.0f} s"
+            return Relay.ended(f"the reference partner was not ready within {READY_S:.0f} s")
         if self.error:
-            return None, self.error
+            return Relay.ended(self.error)
         job = self._job
-        with self._attempt_lock:
-            box = {"done": threading.Event()}
-            lend = self.turns.lend(holder, job.running) if self.turns is not None and holder is not None \
-                and job.running is not None else nullcontext()
-            with lend:
-                self._requests.put(box)
-                finished = box["done"].wait(ATTEMPT_S)  # (its thread answers it, also when its child ended)
-            if not finished:
-                self.error = f"the reference partner took more than {ATTEMPT_S:.0f} s for one attempt"
-                return None, self.error
-            if box.get("error"):
-                return None, box["error"]
-            self.served += 1
-            return box["runs"], ""
+        relay = Relay(self.turns if holder is not None and job.running is not None else None, holder, job.running,
+                      passes)
+        relay.start()
+        self._requests.put(relay)  # (its thread answers it, also when its child ended)
+        self.served += 1
+        return relay
 
     def close(self) -> None:
         """End it now (the run is over)."""
@@ -141,6 +132,87 @@ class Partner:
     def report(self) -> dict:
         return {"starts": self.starts, "attempts_served": self.served, "warmup_s": self.warmup_s,
                 **({"error": self.error} if self.failed else {})}
+
+
+class Relay:
+    """One paired attempt: the partner's timed pass k, then the student's pass k, then the partner's pass k + 1...
+    Each runs while the other child is stopped, on the holder's kept core. A slow spell of the core that begins
+    inside the attempt then slows passes of both: with the partner's whole attempt before the student's, a copy of
+    the stage-07 solution scored 0.72 and another 1.58 on one H100 (results/h100x2-2026-11-28b). The partner's
+    side calls ``done``/``wait`` as its child asks for each pass's images and ``finish`` with its passes; the
+    student's side the same (``GradingJob``), and ``result`` once its own passes are in."""
+
+    PARTNER, STUDENT = 0, 1
+
+    def __init__(self, turns, holder: Running | None, partner: Running | None, passes: int):
+        self.turns, self.holder, self.partner, self.passes = turns, holder, partner, passes
+        self._cond = threading.Condition()
+        self._step = 0  # 2k: the partner's pass k may run; 2k + 1: the student's
+        self._lent = False
+        self._finished = threading.Event()
+        self.runs: list | None = None
+        self.why = ""
+
+    @classmethod
+    def ended(cls, why: str) -> "Relay":
+        relay = cls(None, None, None, 0)
+        relay.finish(None, why)
+        relay._step = 1 << 30
+        return relay
+
+    def _lend(self, on: bool) -> None:
+        if self.turns is None or on == self._lent:
+            return
+        (self.turns.lend_to if on else self.turns.lend_back)(self.holder, self.partner)
+        self._lent = on
+
+    def start(self) -> None:
+        with self._cond:
+            self._lend(True)
+
+    def wait(self, who: int, k: int) -> None:
+        """Until ``who``'s pass ``k`` may run (or the relay ended: then at once)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._step >= 2 * k + who, timeout=ATTEMPT_S):
+                self._abort(f"the reference partner took more than {ATTEMPT_S:.0f} s for one pass")
+
+    def done(self, who: int, k: int) -> None:
+        """``who``'s pass ``k`` has run: the other's next one may."""
+        with self._cond:
+            if self._step != 2 * k + who:
+                return
+            self._step += 1
+            self._lend(self._step % 2 == 0 and self._step < 2 * self.passes)
+            self._cond.notify_all()
+
+    def finish(self, runs: list | None, why: str) -> None:
+        """The partner's attempt is over (its passes, or why none): the student's last pass may run."""
+        with self._cond:
+            self.runs, self.why = runs, (why if runs is None else "")
+            self._finished.set()
+            if runs is None:
+                self._abort(why)
+            else:
+                self.done(self.PARTNER, self.passes - 1)
+
+    def abort(self, why: str) -> None:
+        """Ended early (the partner's child, or the student's, ended): nobody waits for the other any more."""
+        with self._cond:
+            self._abort(why)
+
+    def _abort(self, why: str) -> None:
+        if not self._finished.is_set():
+            self.runs, self.why = None, why or "the reference partner ended"
+            self._finished.set()
+        self._step = 1 << 30
+        self._lend(False)
+        self._cond.notify_all()
+
+    def result(self) -> tuple[list | None, str]:
+        """The partner's passes of this attempt, or None and why (asked once the student's passes are in)."""
+        if not self._finished.wait(ATTEMPT_S):
+            self.abort(f"the reference partner took more than {ATTEMPT_S:.0f} s for one attempt")
+        return self.runs, self.why
 
 
 def _drained(q: queue.Queue) -> list:
@@ -165,7 +237,7 @@ class PartnerJob(GradingJob):
         self.time_limit = 7 * 24 * 3600.0  # it lives as long as the run (or IDLE_S without a request)
         self.warm = False  # its warm-up attempt is done: from now on it times only when asked
         self.ended_idle = False  # told to end: the run is over, or nobody asked for IDLE_S
-        self._box: dict | None = None
+        self._relay: Relay | None = None  # the attempt being timed, in a student's turn
 
     def build(self, folder: Path) -> P.JobSpec:
         inputs = Inputs(self.refs)
@@ -189,19 +261,24 @@ class PartnerJob(GradingJob):
             answer(P.Answer.CONTINUE)  # (a turn of its own stopped every other job for 6-12 s, seven times a run)
             return
         try:
-            box = self.partner._requests.get(timeout=IDLE_S)
+            relay = self.partner._requests.get(timeout=IDLE_S)
         except queue.Empty:
-            box = None
-        self._box = box
-        self.ended_idle = box is None
-        answer(P.Answer.STOP if box is None else P.Answer.CONTINUE)
+            relay = None
+        self._relay = relay
+        self.ended_idle = relay is None
+        answer(P.Answer.STOP if relay is None else P.Answer.CONTINUE)
 
     def _on_pass(self, msg: P.PassImages, payload, answer) -> None:
-        """The same images every attempt (the solution keeps no memo): written once, linked after."""
+        """The same images every attempt (the solution keeps no memo): written once, linked after. In a student's
+        turn, pass k waits for the student's pass k - 1 (``Relay``)."""
         if not 0 <= msg.k < len(self._pass_images):
             self.outcome.protocol_error = f"images asked for pass {msg.k}"
             answer(P.Answer.STOP)
             return
+        if self.warm and self._relay is not None:
+            if msg.k:
+                self._relay.done(Relay.PARTNER, msg.k - 1)
+            self._relay.wait(Relay.PARTNER, msg.k)
         first, path = self._pass_inputs.format(attempt=0, k=msg.k), self._pass_inputs.format(attempt=msg.attempt,
                                                                                              k=msg.k)
         if msg.attempt == 0:
@@ -219,10 +296,9 @@ class PartnerJob(GradingJob):
             if runs is not None:
                 self.partner.warmup_s = round(time.monotonic() - self._started, 2)
                 self.partner.ready.set()
-        elif self._box is not None:
-            self._box.update(runs=runs, error=why)
-            self._box["done"].set()
-            self._box = None
+        elif self._relay is not None:
+            self._relay.finish(runs, why)
+            self._relay = None
         answer(P.Answer.CONTINUE if runs is not None else P.Answer.SKIP)
 
     HANDLERS = {**GradingJob.HANDLERS, P.ChecksDone: _on_checks_done, P.AccuracyDone: _on_accuracy_done,

@@ -101,6 +101,7 @@ class Turns:
         self._working: dict[int, int] = {}  # id(owner) -> pieces of the parent's work for that job in progress
         self.log: list[dict] = []  # one entry a turn: who, which device, how long it waited and held, who it stopped
         self._fastest: dict[str | None, float] = {}  # device -> the fastest timing probe seen (``fastest``)
+        self._lent: dict[Running, int | None] = {}  # a partner running in another's turn -> the core it was lent
 
     def started(self, r: Running) -> None:
         """A child was started: stopped at once if a turn is on (it must not run beside a timing)."""
@@ -211,20 +212,28 @@ class Turns:
         """``other`` (a reference partner, ``labkit.grading.partner``) runs inside ``holder``'s turn, on its kept
         core, while the holder is stopped (no thread of the student's reaches the reference's passes); both as
         before after."""
-        with self._cond:
-            core = self._core.get(holder)
-            holder.freeze()
-            other.thaw()
-            self._pin(other, {core} if core is not None else None)
+        self.lend_to(holder, other)
         try:
             yield
         finally:
-            with self._cond:
-                if core is not None:
-                    self._pin(other, self.cores.others)
-                if other not in self._holders and holder in self._holders:
-                    other.freeze()
-                holder.thaw()
+            self.lend_back(holder, other)
+
+    def lend_to(self, holder: Running, other: Running) -> None:
+        """``holder`` stopped, ``other`` running on its kept core (``lend``'s first half)."""
+        with self._cond:
+            core = self._lent[other] = self._core.get(holder)
+            holder.freeze()
+            other.thaw()
+            self._pin(other, {core} if core is not None else None)
+
+    def lend_back(self, holder: Running, other: Running) -> None:
+        """``other`` stopped again while ``holder`` holds its turn, and off its core; ``holder`` running."""
+        with self._cond:
+            if self._lent.pop(other, None) is not None:
+                self._pin(other, self.cores.others)
+            if other not in self._holders and holder in self._holders:
+                other.freeze()
+            holder.thaw()
 
     def fastest(self, device: str | None, speed: float) -> float:
         """The fastest timing probe (``attempts.probe_speed_us``) seen on ``device`` in this run, ``speed`` included:
