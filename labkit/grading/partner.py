@@ -1,13 +1,15 @@
-"""The reference timed in each student's own turn, right before the student (docs/grading.md, "Grades at any load").
+"""The reference timed in each student's own turn, pass by pass with the student (docs/grading.md, "Grades at any
+load").
 
 On the GPU machines a core's speed changes within seconds, and a launch-bound timed pass follows it. A reference
 timed once, at the start of a run, then stood for every student of its stage on that device: on two H100s a
 correct copy of the solution scored ratios from 0.69 to 1.11 (results/h100x2-2026-11-27c). So the stage's solution
 stays loaded in a child of its own, a *partner* (one per stage and device, in the run's sandbox, never holding
-student code), and each time a student's timing holds its turn the partner times one attempt of the same workload
-on the same kept core just before it: both op times come from the same second or so, and their ratio no longer
-follows the core. (One after it as well made each turn longer, and the other jobs wait for turns: on an H100 the
-60-job class took 430 s where it had taken 362 s, results/h100x2-2026-11-28.) The reference job (``job.reference_job``) still grades the solution and sets the limits.
+student code), and each time a student's timing holds its turn the two take their timed passes in turn on the same
+kept core (``Relay``): both op times come from the same moments, and their ratio no longer follows the core. (The
+partner's whole attempt before the student's let a spell that began in between give copies of stage 07's solution
+0.72 and 1.58, results/h100x2-2026-11-28b.) The reference job (``job.reference_job``) still grades the solution and
+sets the limits.
 """
 
 from __future__ import annotations
