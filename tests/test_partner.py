@@ -120,9 +120,10 @@ def test_the_partner_runs_on_the_holders_kept_core_while_the_holder_is_stopped()
         turns.started(r)
     turns.acquire(holder, "gpu0")
     assert partner.frozen and other.frozen and box.pins == [(1, {2})]
-    with turns.lend(holder, partner):
-        assert holder.frozen and not partner.frozen and other.frozen  # nothing of the student's runs beside it
-        assert box.pins[-1] == (2, {2})  # on the holder's kept core
+    turns.lend_to(holder, partner)
+    assert holder.frozen and not partner.frozen and other.frozen  # nothing of the student's runs beside it
+    assert box.pins[-1] == (2, {2})  # on the holder's kept core
+    turns.lend_back(holder, partner)
     assert not holder.frozen and partner.frozen and box.pins[-1] == (2, {0, 1})
     turns.release(holder)
     assert not any(r.frozen for r in (holder, partner, other))
@@ -206,9 +207,7 @@ def test_a_relay_takes_the_partners_passes_and_the_students_in_turn():
 
     def side(who, name):
         for k in range(3):
-            if k:
-                relay.done(who, k - 1)
-            relay.wait(who, k)
+            relay.before_pass(who, k)
             order.append(f"{name}{k}")
             log.append((f"{name}{k}", turns.running))
         if who == Relay.PARTNER:

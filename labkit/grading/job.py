@@ -218,9 +218,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
 
     def _on_pass(self, msg: P.PassImages, payload, answer) -> None:
         if self._relay is not None:  # pass k once the partner's pass k has run
-            if msg.k:
-                self._relay.done(self._relay.STUDENT, msg.k - 1)
-            self._relay.wait(self._relay.STUDENT, msg.k)
+            self._relay.before_pass(self._relay.STUDENT, msg.k)
         why = self._hand_pass(msg.attempt, msg.k)
         if why:
             self.outcome.protocol_error = why

@@ -158,8 +158,7 @@ class Relay:
     @classmethod
     def ended(cls, why: str) -> "Relay":
         relay = cls(None, None, None, 0)
-        relay.finish(None, why)
-        relay._step = 1 << 30
+        relay.finish(None, why)  # (ended: nobody waits on it)
         return relay
 
     def _lend(self, on: bool) -> None:
@@ -177,6 +176,12 @@ class Relay:
         with self._cond:
             if not self._cond.wait_for(lambda: self._step >= 2 * k + who, timeout=ATTEMPT_S):
                 self._abort(f"the reference partner took more than {ATTEMPT_S:.0f} s for one pass")
+
+    def before_pass(self, who: int, k: int) -> None:
+        """``who``'s child asks for pass ``k``'s images: its pass ``k - 1`` has run; wait for pass ``k``'s turn."""
+        if k:
+            self.done(who, k - 1)
+        self.wait(who, k)
 
     def done(self, who: int, k: int) -> None:
         """``who``'s pass ``k`` has run: the other's next one may."""
@@ -278,9 +283,7 @@ class PartnerJob(GradingJob):
             answer(P.Answer.STOP)
             return
         if self.warm and self._relay is not None:
-            if msg.k:
-                self._relay.done(Relay.PARTNER, msg.k - 1)
-            self._relay.wait(Relay.PARTNER, msg.k)
+            self._relay.before_pass(Relay.PARTNER, msg.k)
         first, path = self._pass_inputs.format(attempt=0, k=msg.k), self._pass_inputs.format(attempt=msg.attempt,
                                                                                              k=msg.k)
         if msg.attempt == 0:

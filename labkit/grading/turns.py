@@ -207,19 +207,9 @@ class Turns:
         finally:
             self.release(r)
 
-    @contextmanager
-    def lend(self, holder: Running, other: Running):
-        """``other`` (a reference partner, ``labkit.grading.partner``) runs inside ``holder``'s turn, on its kept
-        core, while the holder is stopped (no thread of the student's reaches the reference's passes); both as
-        before after."""
-        self.lend_to(holder, other)
-        try:
-            yield
-        finally:
-            self.lend_back(holder, other)
-
     def lend_to(self, holder: Running, other: Running) -> None:
-        """``holder`` stopped, ``other`` running on its kept core (``lend``'s first half)."""
+        """``other`` (a reference partner, ``labkit.grading.partner``) runs inside ``holder``'s turn, on its kept
+        core, while the holder is stopped (no thread of the student's reaches the reference's passes)."""
         with self._cond:
             core = self._lent[other] = self._core.get(holder)
             holder.freeze()
