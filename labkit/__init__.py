@@ -44,7 +44,7 @@ if not any(isinstance(f, _OldNames) for f in sys.meta_path):
 
 #: modules imported on first use (``lk.gemm``): a release of an early milestone leaves them out (they answer a task
 #: of it, labkit.leave_out.LEAVE_OUT), and ``import labkit`` must work there
-LATE = ("gemm", "gemm_cuda", "tensor_cores", "whole", "precision")
+LATE = ("gemm", "gemm_cuda", "fc_tensor_cores", "tensor_cores", "whole", "precision")
 
 
 def __getattr__(name: str):

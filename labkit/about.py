@@ -23,7 +23,8 @@ MOVED = {
     "stages": "course.stages", "tasks": "course.tasks", "nbcells": "course.nbcells", "given": "course.given",
     "release": "course.release", "leave_out": "course.leave_out", "answer_shapes": "course.answer_shapes",
     # the kit's own kernels
-    "kernels": "ops.kernels", "gemm": "ops.gemm", "gemm_cuda": "ops.gemm_cuda", "winograd": "ops.winograd",
+    "kernels": "ops.kernels", "gemm": "ops.gemm", "gemm_cuda": "ops.gemm_cuda",
+    "fc_tensor_cores": "ops.fc_tensor_cores", "mma_source": "ops.mma_source", "winograd": "ops.winograd",
     "tensor_cores": "ops.tensor_cores", "conv_banks": "ops.conv_banks", "const_kernels": "ops.const_kernels",
     # the engine and what runs on it
     "engine": "core.engine", "check": "core.check", "workloads": "core.workloads", "whole": "core.whole",

@@ -298,8 +298,9 @@ lk.show.task("10", "streamed")
 # `whole_cifar10` also names your pipeline (`pipeline=classify_streamed`: the bench's end-to-end rows);
 # `fashion`'s inputs are resized images, not bytes looked up one by one, so its job starts from floats.
 # `whole_fashion` is the variant the grader times. `whole_cifar10` takes the tensor cores' conv (above) for the layers
-# `lk.tensor_cores.tuned` has a choice for. In the kit's repository two more variants put the kit's own fc1 kernels
-# into `whole_fashion` (`whole_fashion_tiles`, `whole_fashion_cuda`): the bench times them, and "What the kit
+# `lk.tensor_cores.tuned` has a choice for. In the kit's repository three more variants put the kit's own fc1 kernels
+# into `whole_fashion` (`whole_fashion_tiles`, `whole_fashion_cuda`, and `whole_fashion_tc`, whose fc1 multiplies on
+# the tensor cores with the split of "The split, up close" below): the bench times them, and "What the kit
 # measured" below shows their rows.
 
 # %% tags=["kernel"]
@@ -327,6 +328,11 @@ VARIANTS.update(lk.variants("10", {
                                      arrays="device", fuse=FUSE, nets=("fashion",), graph=True, requires=("cuda_c",),
                                      note="whole_fashion with the kit's CUDA C SGEMM as fc1 (lk.gemm_cuda) and the "
                                           "tensor cores' convs where recorded"),
+    "whole_fashion_tc": lk.Variant({**s09.tuned("fashion", 10000), **lk.tensor_cores.tuned("fashion", 10000),
+                                    "fc": fc_splitk, "fc1": lk.fc_tensor_cores.fc_split3},
+                                   arrays="device", fuse=FUSE, nets=("fashion",), graph=True, requires=("cuda_c",),
+                                   note="whole_fashion with fc1 on the tensor cores at fp32's accuracy "
+                                        "(lk.fc_tensor_cores) and the tensor cores' convs where recorded"),
 }))
 
 # %% [markdown]

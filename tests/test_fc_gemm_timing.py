@@ -1,5 +1,5 @@
 """tools/fc_gemm_timing.py: its quick run checks every kernel it would time (the kit's fc, its register tiles, each
-CUDA C configuration) on tiny odd shapes, writes its JSON, and fails when a kernel is wrong."""
+CUDA C configuration, each configuration of the tensor cores' fc) on tiny odd shapes, writes its JSON, and fails when a kernel is wrong."""
 
 import json
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from labkit import gemm_cuda, stages
+from labkit.ops import fc_tensor_cores
 
 import tool_modules  # noqa: E402  (tests/ is on the path)
 
@@ -20,9 +21,11 @@ def test_the_quick_run_checks_every_kernel_and_writes_its_json(tmp_path):
     data = json.loads((tmp_path / "fc_gemm_timing.json").read_text())
     rows = data["rows"]
     assert data["quick"] and not data["failures"]
-    assert len(rows) == len(timing.QUICK) * (2 + len(gemm_cuda.CONFIGS))
+    assert len(rows) == len(timing.QUICK) * (2 + len(gemm_cuda.CONFIGS) + len(fc_tensor_cores.CONFIGS))
     for name in gemm_cuda.CONFIGS:
         assert sum(f"fc_cuda[{name}:" in r["kernel"] for r in rows) == len(timing.QUICK)
+    for name in fc_tensor_cores.CONFIGS:
+        assert sum(f"fc_split3[{name}:" in r["kernel"] for r in rows) == len(timing.QUICK)
     assert all(r["rel_error"] <= timing.MAX_REL_ERROR for r in rows)
 
 

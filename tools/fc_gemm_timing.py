@@ -2,7 +2,8 @@
 
 Fashion's fc1 (20184 -> 160) and ECE408's fc1 (5184 -> 140), at 10000 and 1000 images, each with the kit's given
 ``lk.kernels.fc``, its numba register tiles ``lk.gemm.fc_tiles``, every configuration of the CUDA C SGEMM
-``lk.gemm_cuda.fc_cuda`` (``CONFIGS``, with the plan it picks) and torch's ``F.linear`` (cuBLAS, TF32 off) for
+``lk.gemm_cuda.fc_cuda`` (``CONFIGS``, with the plan it picks), every configuration of the tensor cores' fc
+``lk.fc_tensor_cores.fc_split3`` (with its plan, and on a GPU its registers and spills a thread) and torch's ``F.linear`` (cuBLAS, TF32 off) for
 reference. Each is checked against numpy's float64 product first (max |error| / max |result| at most 1e-4), then
 timed: CUDA events around each call, warm-up calls first, median and range of 20. One line a row; ``--out DIR``
 writes ``DIR/fc_gemm_timing.json``. The exit status is 1 when a check failed.
@@ -30,6 +31,7 @@ if str(REPO) not in sys.path:
 
 import labkit as lk  # noqa: E402  (sets up numba: the simulator when there is no GPU)
 from labkit import cudnn, device, gemm, gemm_cuda, gpu, kernels  # noqa: E402
+from labkit.ops import fc_tensor_cores  # noqa: E402
 
 MAX_REL_ERROR = 1e-4
 #: (layer, inputs, outputs): the two fc1 layers of issue 24
@@ -60,7 +62,19 @@ def kit_rows(N: int, K: int, OUT: int) -> list[tuple[str, object]]:
     for name in gemm_cuda.CONFIGS:
         p = gemm_cuda.plan(N, K, OUT, name, vec=K % 4 == 0)
         rows.append((f"lk.gemm_cuda.fc_cuda[{p}]", lambda *a, name=name: gemm_cuda.fc_cuda(*a, config=name)))
+    for name in fc_tensor_cores.CONFIGS:
+        p = fc_tensor_cores.plan(N, K, OUT, name, vec=K % 4 == 0)
+        rows.append((f"lk.fc_tensor_cores.fc_split3[{p}]{registers(p)}",
+                     lambda *a, name=name: fc_tensor_cores.fc_split3(*a, config=name)))
     return rows
+
+
+def registers(p) -> str:
+    """', R registers, S bytes spilled' of a plan's compiled kernel on a GPU (cupy's attributes); '' elsewhere."""
+    if gpu.cuda_c_on_cpu():
+        return ""
+    k = fc_tensor_cores.module(p.macros()).get_function("fc_split3")
+    return f", {k.num_regs} registers, {k.local_size_bytes} bytes spilled"
 
 
 def torch_linear(x, w, b, repeat: int, warmup: int):
@@ -104,22 +118,22 @@ def run(quick: bool, repeat: int, warmup: int, say=print) -> tuple[list[dict], l
                 row["rel_error"] = err = rel_error(gpu.as_host(out), want)
                 if err > MAX_REL_ERROR:
                     failures.append(f"{name} {N} {label}: relative error {err:.2e}")
-                    say(f"  {label:<78} CHECK FAILED: relative error {err:.2e} (at most {MAX_REL_ERROR:g})")
+                    say(f"  {label:<100} CHECK FAILED: relative error {err:.2e} (at most {MAX_REL_ERROR:g})")
                     continue
                 if not quick:
                     row["time"] = summary(lk.measure(fn, xd, wd, bd, out, warmup=warmup, repeat=repeat).times, flop)
             except Exception as exc:  # noqa: BLE001 - one failing kernel must not hide the others
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 failures.append(f"{name} {N} {label}: {row['error']}")
-                say(f"  {label:<78} ERROR {row['error']}")
+                say(f"  {label:<100} ERROR {row['error']}")
                 continue
-            say(f"  {label:<78} rel err {err:.1e}" + (f"  {line(row['time'])}" if "time" in row else "  (checked)"))
+            say(f"  {label:<100} rel err {err:.1e}" + (f"  {line(row['time'])}" if "time" in row else "  (checked)"))
         if not quick and cudnn.available():
             seconds, y = torch_linear(x, w, b, repeat, warmup)
             row = {"layer": name, "images": N, "inputs": K, "outputs": OUT, "kernel": "torch F.linear (cuBLAS)",
                    "rel_error": rel_error(y, want), "time": summary(seconds, flop)}
             rows.append(row)
-            say(f"  {'torch F.linear (cuBLAS, TF32 off)':<78} rel err {row['rel_error']:.1e}  {line(row['time'])}")
+            say(f"  {'torch F.linear (cuBLAS, TF32 off)':<100} rel err {row['rel_error']:.1e}  {line(row['time'])}")
         elif not quick:
             say("  torch F.linear: skipped (no PyTorch with a usable GPU here)")
         del xd, wd, bd, out

@@ -49,11 +49,14 @@ def _machinery(name: str, why: str) -> LeftOut:
 LEAVE_OUT: tuple[LeftOut, ...] = (
     _answers("gemm", "10", "fc as register tiles split over K into planes of partial sums (stage 10's task 1)"),
     _answers("gemm_cuda", "10", "the same split-K fc in CUDA C (stage 10's task 1)"),
+    _answers("fc_tensor_cores", "10", "the same split-K fc on the tensor cores, in CUDA C (stage 10's task 1)"),
     _answers("bench_whole", "10", "captures the forward pass in a CUDA graph and replays it (stage 10's task 2)"),
     _answers("job_graphs", "10", "captures a chunk's forward pass in a CUDA graph and replays it (stage 10's task 2)"),
     _answers("tensor_cores", "09", "a conv as an implicit GEMM with staged inputs and weights, register sums and a "
                                    "fused bias, activation and pool, in CUDA C (stages 08 and 09's tasks)"),
     _answers("tensor_cores_source", "09", "the CUDA C source of tensor_cores' conv (stages 08 and 09's tasks)"),
+    _answers("mma_source", "09", "the tensor cores' MMA and fp32 split in CUDA C, which tensor_cores' conv is "
+                                 "built on (stages 08 and 09's tasks)"),
     _answers("precision", "09", "notebook 10's lesson on the split: it times tensor_cores' conv (left out with it)"),
     _answers("winograd", "09", "a conv whose threads keep a pool window's sums for several maps in registers and "
                                "pool them, in CUDA C (stage 09's tasks)"),

@@ -174,6 +174,10 @@ __global__ void __launch_bounds__(THREADS, MINB) fc_cuda_tiles(const float* __re
     }
 }
 
+"""
+
+#: the planes' sum, a kernel of every split-K fc's module (``labkit.ops.fc_tensor_cores`` takes it too)
+SUM_SOURCE = r"""
 // out[n, o] = b[o] + the planes' sum at (n, o), in plane order: a thread an output
 __global__ void fc_cuda_sum(const float* __restrict__ part, const float* __restrict__ b, float* __restrict__ out,
                             int N, int OUT, int planes) {
@@ -183,8 +187,9 @@ __global__ void fc_cuda_sum(const float* __restrict__ part, const float* __restr
     for (int z = 0; z < planes; ++z) total += part[z * size + t];
     out[t] = total;
 }
-}
 """
+
+SOURCE += SUM_SOURCE + "}\n"
 
 
 @dataclass(frozen=True)

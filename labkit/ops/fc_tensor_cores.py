@@ -1,0 +1,354 @@
+"""fc on the tensor cores at fp32's accuracy: the kit's fc one step past ``labkit.gemm_cuda``'s FMA SGEMM.
+
+fashion's fc1 (10000 images x 20184 inputs x 160 outputs) is a third of the net's multiply-adds, and the CUDA C
+SGEMM ran it at under half of an H100's FMA rate (2.27 ms). ``mma.sync`` multiplies fp16 about ten times faster
+than the FMA units (``tools/mma_rates.py``); the split of ``labkit.tensor_cores``' conv keeps fp32's accuracy with
+three of its products (``labkit.ops.mma_source``: ``a = big + small / 2^11``; big·big into one sum, big·small and
+small·big into a second, 2^11 times larger, the dropped small·small about 2^-22 of a product).
+
+- The weights are split once a call by a small kernel (``fc_split_weights``) into the order of the MMA's B fragment:
+  a lane's two k pairs of one output, big and small, in one 16-byte word, zero past K and past the outputs.
+- A block takes ``BM`` images and ``BN`` outputs (every output of a narrow layer: x is then read once). Its warps are
+  ``WM`` along the images by ``WN`` along the outputs; a warp owns ``MT`` tiles of 16 images by ``NT`` of 8 outputs.
+- A step is 16 inputs: the next step's x tile (float4 loads where K allows) and weight words are in registers while
+  this step's MMAs run, then go into the other of two shared buffers; one barrier a step.
+- A lane splits the x values of its A fragments as it reads them from shared memory (rows padded so that a warp's
+  reads hit 32 banks); a value fp16 cannot hold becomes a NaN, which every check reports.
+- Split-K over ``blockIdx.z`` into deterministic planes, added with the bias by ``gemm_cuda``'s ``fc_cuda_sum``
+  (one split: the bias in the store).
+
+``fc_split3(x, w, b, out)`` is a layer function in the fc convention of ``labkit.layers``; ``plan`` picks the split
+count from a model of a device's waves. On a machine without a GPU it runs on the CPU emulation of CUDA C.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..launch import gpu
+from . import gemm_cuda, mma_source
+
+HEAD = r"""
+#define THREADS (WM * WN * 32)
+#define BM (WM * MT * 16)  // images a block
+#define NTILES (WN * NT)  // tiles of 8 outputs a block
+#define BK 16  // inputs a step: one m16n8k16 MMA's
+#define AS_STRIDE (BK + 8)  // a staged row of x, in floats: a warp's 8-byte reads of rows g, k 2t hit 32 banks
+#define A_SLOTS (BM * BK / 4)  // float4 slots of a step's x tile
+#define A_ROUNDS ((A_SLOTS + THREADS - 1) / THREADS)
+#define B_SLOTS (NTILES * 32)  // 16-byte weight words of a step
+#define B_ROUNDS ((B_SLOTS + THREADS - 1) / THREADS)
+
+extern "C" {
+"""
+
+BODY = r"""
+// the B fragments of w (OUT x K) for every step and tile of 8 outputs: word (step, tile, lane (g, t)) holds output
+// tile * 8 + g at k = step * 16 + 2t, 2t + 1 (x) and + 8, + 9 (y) as big fp16 halves, then their small halves (z, w)
+__global__ void fc_split_weights(const float* __restrict__ w, uint4* __restrict__ wsp, int K, int OUT, int steps,
+                                 int tiles) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= steps * tiles * 32) return;
+    const int l = i & 31, m = (i >> 5) % tiles * 8 + (l >> 2), k = i / (tiles * 32) * 16 + 2 * (l & 3);
+    float v[4];
+    for (int e = 0; e < 4; ++e) {
+        const int ke = k + (e & 1) + 8 * (e >> 1);
+        v[e] = (m < OUT && ke < K) ? half_range(w[(size_t)m * K + ke]) : 0.0f;
+    }
+    uint4 q;
+    split_h2(v[0], v[1], q.x, q.z);
+    split_h2(v[2], v[3], q.y, q.w);
+    wsp[i] = q;
+}
+
+// four inputs k .. k + 3 of one image (zeros past the images or the split's end), each in fp16's range or a NaN
+__device__ __forceinline__ float4 load_x(const float* __restrict__ x, int row, int rows, int K, int k, int stop) {
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row >= rows) return v;
+    const float* p = x + (size_t)row * K + k;
+#if VEC
+    if (k < stop) v = load4(p);  // k and stop are multiples of 4 here
+#else
+    if (k < stop) v.x = p[0];
+    if (k + 1 < stop) v.y = p[1];
+    if (k + 2 < stop) v.z = p[2];
+    if (k + 3 < stop) v.w = p[3];
+#endif
+    v.x = half_range(v.x), v.y = half_range(v.y), v.z = half_range(v.z), v.w = half_range(v.w);
+    return v;
+}
+
+// Grid (image tiles, output tiles, splits), THREADS a block. Split z sums the steps of inputs z * span ..
+// min(K, (z + 1) * span) (span a multiple of 16) into dst + z * N * OUT, or with one split into out with the bias.
+__global__ void __launch_bounds__(THREADS, MINB)
+fc_split3(const float* __restrict__ x, const uint4* __restrict__ wsp, const float* __restrict__ b,
+          float* __restrict__ dst, int N, int K, int OUT, int tiles, int span, int add_bias) {
+    __shared__ __align__(16) float As[2][BM * AS_STRIDE];  // [buffer][image][input]
+    __shared__ __align__(16) uint4 Bs[2][B_SLOTS];  // [buffer][tile][lane]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = warp % WM, wn = warp / WM;
+    const int n0 = blockIdx.x * BM, tile0 = blockIdx.y * NTILES;
+    const int start = blockIdx.z * span, stop = min(K, start + span);
+    const int rows = min(BM, N - n0);
+    const float* xb = x + (size_t)n0 * K;
+
+    float acc[MT][NT][4], lo[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[mt][nt][r] = lo[mt][nt][r] = 0.0f;
+
+    float4 pa[A_ROUNDS];  // the next step's x and weights on their way from global memory
+    uint4 pb[B_ROUNDS];
+#define FETCH(k0)                                                                                                  \
+    _Pragma("unroll") for (int r = 0; r < A_ROUNDS; ++r) {                                                         \
+        const int slot = tid + r * THREADS;                                                                        \
+        if (slot < A_SLOTS) pa[r] = load_x(xb, slot / (BK / 4), rows, K, (k0) + slot % (BK / 4) * 4, stop);        \
+    }                                                                                                              \
+    _Pragma("unroll") for (int r = 0; r < B_ROUNDS; ++r) {                                                         \
+        const int slot = tid + r * THREADS, tile = tile0 + slot / 32;                                              \
+        if (slot < B_SLOTS) {                                                                                      \
+            if (tile < tiles) pb[r] = wsp[((size_t)((k0) / 16) * tiles + tile) * 32 + slot % 32];                  \
+            else pb[r].x = pb[r].y = pb[r].z = pb[r].w = 0u;                                                       \
+        }                                                                                                          \
+    }
+#define PUT(buf)                                                                                                   \
+    _Pragma("unroll") for (int r = 0; r < A_ROUNDS; ++r) {                                                         \
+        const int slot = tid + r * THREADS;                                                                        \
+        if (slot < A_SLOTS)                                                                                        \
+            *reinterpret_cast<float4*>(&As[buf][slot / (BK / 4) * AS_STRIDE + slot % (BK / 4) * 4]) = pa[r];       \
+    }                                                                                                              \
+    _Pragma("unroll") for (int r = 0; r < B_ROUNDS; ++r)                                                           \
+        if (tid + r * THREADS < B_SLOTS) Bs[buf][tid + r * THREADS] = pb[r];
+
+    FETCH(start)
+    PUT(0)
+    __syncthreads();
+
+    int buf = 0;
+    for (int k0 = start; k0 < stop; k0 += BK) {
+        const bool more = k0 + BK < stop;
+        if (more) {
+            FETCH(k0 + BK)
+        }
+        const float* as = As[buf];
+        const uint4* bs = Bs[buf];
+        // lane (g, t)'s A fragments: rows g and g + 8 of each of its tiles, inputs 2t, 2t + 1 and 2t + 8, 2t + 9
+        unsigned hi[MT][4], sm[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float* r0 = as + ((wm * MT + mt) * 16 + g) * AS_STRIDE + 2 * t;
+            const float* r1 = r0 + 8 * AS_STRIDE;
+            const float2 a0 = *reinterpret_cast<const float2*>(r0), a1 = *reinterpret_cast<const float2*>(r1);
+            const float2 a2 = *reinterpret_cast<const float2*>(r0 + 8), a3 = *reinterpret_cast<const float2*>(r1 + 8);
+            split_h2(a0.x, a0.y, hi[mt][0], sm[mt][0]);
+            split_h2(a1.x, a1.y, hi[mt][1], sm[mt][1]);
+            split_h2(a2.x, a2.y, hi[mt][2], sm[mt][2]);
+            split_h2(a3.x, a3.y, hi[mt][3], sm[mt][3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const uint4 bq = bs[(wn * NT + nt) * 32 + lane];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {  // the small terms into sums of their own, LO_SCALE larger
+                mma16(lo[mt][nt], sm[mt], bq.x, bq.y);
+                mma16(lo[mt][nt], hi[mt], bq.z, bq.w);
+                mma16(acc[mt][nt], hi[mt], bq.x, bq.y);
+            }
+        }
+        if (more) {  // into the other buffer, last read a step ago, before the barrier that ended that step
+            PUT(buf ^ 1)
+        }
+        __syncthreads();
+        buf ^= 1;
+    }
+
+    // lane (g, t) holds rows g and g + 8 of each tile, outputs 2t and 2t + 1 of each tile of 8
+    float* d = dst + (size_t)blockIdx.z * N * OUT;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int n = n0 + (wm * MT + mt) * 16 + g + 8 * (r >> 1);
+                const int o = (tile0 + wn * NT + nt) * 8 + 2 * t + (r & 1);
+                if (n < N && o < OUT) {
+                    const float v = acc[mt][nt][r] + lo[mt][nt][r] * (1.0f / LO_SCALE);
+                    d[(size_t)n * OUT + o] = add_bias ? v + b[o] : v;
+                }
+            }
+}
+"""
+
+SOURCE = HEAD + mma_source.DEVICE + BODY + gemm_cuda.SUM_SOURCE + "}\n"
+
+
+@dataclass(frozen=True)
+class Config:
+    """A block's shape: ``wm`` x ``wn`` warps, a warp ``mt`` tiles of 16 images by at most ``max_nt`` tiles of 8
+    outputs (``nt`` is picked from the layer's outputs: the fewest output tiles a block, then the narrowest).
+    ``registers``: a thread's budget, which sets the blocks a multiprocessor must hold (``__launch_bounds__``)."""
+
+    name: str
+    wm: int
+    wn: int
+    mt: int
+    max_nt: int
+    registers: int = 255
+    f16: bool = True  # what labkit.floors reads: three fp16 passes a multiply-add
+
+    def __post_init__(self):
+        if min(self.wm, self.wn, self.mt, self.max_nt) < 1:
+            raise ValueError(f"Config {self.name}: wm, wn, mt and max_nt must be at least 1")
+
+
+#: the configurations a GPU run compares: 128 images by up to 160 outputs in 8 warps (two along the outputs, a warp
+#: 32 x 80: sixty MMAs a step for ten weight words and eight x pairs a lane), and a narrower 64 x 80 block
+CONFIGS = {
+    "m128": Config("m128", wm=4, wn=2, mt=2, max_nt=10),
+    "m64": Config("m64", wm=2, wn=2, mt=2, max_nt=5, registers=168),
+}
+DEFAULT = "m128"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A configuration's block for one layer (``nt`` output tiles a warp), its split count and whether x's loads are
+    float4 (``vec``)."""
+
+    config: Config
+    nt: int
+    splits: int = 1
+    vec: bool = False
+
+    @property
+    def bm(self) -> int:
+        return self.config.wm * self.config.mt * 16
+
+    @property
+    def tiles(self) -> int:
+        """Tiles of 8 outputs a block."""
+        return self.config.wn * self.nt
+
+    @property
+    def threads(self) -> int:
+        return self.config.wm * self.config.wn * 32
+
+    @property
+    def min_blocks(self) -> int:
+        warps = self.threads // 32
+        return max(1, min(gemm_cuda.REGISTERS // (warps * 32 * self.config.registers), 2048 // (warps * 32)))
+
+    def span(self, inputs: int) -> int:
+        """Inputs per split: whole steps of 16; the last split takes what is left."""
+        per = -(-inputs // max(1, self.splits))
+        return max(16, -(-per // 16) * 16)
+
+    def planes(self, inputs: int) -> int:
+        return max(1, -(-inputs // self.span(inputs)))
+
+    def macros(self) -> tuple[str, ...]:
+        c = self.config
+        return (f"-DWM={c.wm}", f"-DWN={c.wn}", f"-DMT={c.mt}", f"-DNT={self.nt}", f"-DMINB={self.min_blocks}",
+                f"-DVEC={int(self.vec)}")
+
+    def __str__(self) -> str:
+        return (f"{self.config.name}: {self.bm} x {8 * self.tiles} blocks, {self.splits} "
+                f"split{'s' * (self.splits != 1)}{', float4 loads' if self.vec else ''}")
+
+
+#: the cost model: a multiprocessor's split products (fp16 m16n8k16 MMAs, multiply-adds a second, at 50 per cent of
+#: an H100's measured 323 T over 132 multiprocessors) and the bytes a second a plane's store and reload cost
+SM_MACS = 0.5 * 323e12 / 132
+#: the fewest inputs a split gets on a GPU
+MIN_SPAN = 512
+
+
+def nt_for(config: Config, OUT: int) -> int:
+    """Output tiles a warp: the fewest blocks along the outputs, then the narrowest warp that covers them."""
+    groups = -(-OUT // 8)
+    blocks = -(-groups // (config.wn * config.max_nt))
+    return -(-groups // (blocks * config.wn))
+
+
+def cost(p: Plan, N: int, K: int, OUT: int, sms: int) -> float:
+    """Seconds by the model: waves of blocks times a block's three products a multiply-add, plus the planes."""
+    blocks = math.ceil(N / p.bm) * math.ceil(OUT / (8 * p.tiles))
+    waves = math.ceil(blocks * p.planes(K) / (sms * p.min_blocks))
+    block = 3 * p.bm * 8 * p.tiles * p.span(K) / (SM_MACS / p.min_blocks)
+    planes = 0.0 if p.planes(K) == 1 else (2 * p.planes(K) + 1) * N * OUT * 4 / gemm_cuda.BANDWIDTH + gemm_cuda.LAUNCH
+    return waves * block + planes
+
+
+def plan(N: int, K: int, OUT: int, config: str | Config = DEFAULT, sms: int | None = None,
+         vec: bool = False) -> Plan:
+    """The plan of ``config`` for N images, K inputs and OUT outputs: its warps' output tiles (``nt_for``) and the
+    split count of least ``cost`` on ``sms`` multiprocessors (the device's). On the CPU emulation two splits where K
+    holds two steps, so that its checks cross a split."""
+    c = CONFIGS[config] if isinstance(config, str) else config
+    nt = nt_for(c, OUT)
+    if gpu.cuda_c_on_cpu() and sms is None:
+        return Plan(c, nt, max(1, min(gemm_cuda.EMULATION_SPLITS, K // 16)), vec)
+    sms = sms or gpu.multiprocessors()
+    options = [Plan(c, nt, s, vec) for s in range(1, max(1, K // MIN_SPAN) + 1)]
+    options = [p for p in options if p.planes(K) == p.splits]
+    return min(options, key=lambda p: (cost(p, N, K, OUT, sms), p.splits))
+
+
+def module(macros: tuple[str, ...]):
+    """The compiled source for one plan's macros (a cupy RawModule on a GPU, else the CPU emulation's)."""
+    return gpu.kit_module(SOURCE, macros)
+
+
+SPLIT_BLOCK = 256
+
+
+def split_weights(m, w, K: int, OUT: int):
+    """w's B fragments, split (``fc_split_weights``), in a pooled buffer: steps x output tiles x 32 words of 16
+    bytes, zero past K and past the outputs."""
+    steps, tiles = -(-K // 16), -(-OUT // 8)
+    wsp = gpu.buffer("fc_split3: split weights", (steps * tiles * 32 * 4,), np.uint32)
+    gpu.launch_raw(m.get_function("fc_split_weights"), gpu.blocks(steps * tiles * 32, SPLIT_BLOCK), SPLIT_BLOCK,
+                   (w, wsp, np.int32(K), np.int32(OUT), np.int32(steps), np.int32(tiles)))
+    return wsp, tiles
+
+
+def launch(p: Plan, x, w, b, out) -> None:
+    """out = x @ w.T + b by plan ``p``: the weights split, then one launch with the bias in the store without a
+    split, else the planes (pooled buffer) and ``fc_cuda_sum``. A plan whose ``vec`` the inputs do not allow is
+    refused."""
+    N, K = x.shape
+    OUT = w.shape[0]
+    if p.vec and not (K % 4 == 0 and gemm_cuda.address(x) % 16 == 0):
+        raise ValueError(f"launch: float4 loads need K % 4 == 0 and a 16-byte aligned x (K = {K})")
+    m = module(p.macros())
+    wsp, tiles = split_weights(m, w, K, OUT)
+    span, planes = p.span(K), p.planes(K)
+    grid = (gpu.blocks(N, p.bm), -(-tiles // p.tiles), planes)
+    ints = tuple(np.int32(v) for v in (N, K, OUT, tiles, span))
+    kernel = m.get_function("fc_split3")
+    if planes == 1:
+        gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, out, *ints, np.int32(1)))
+        return
+    part = gpu.buffer("fc_split3: partial sums", (planes, N, OUT))
+    gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, part, *ints, np.int32(0)))
+    gpu.launch_raw(m.get_function("fc_cuda_sum"), gpu.blocks(N * OUT, gemm_cuda.SUM_BLOCK), gemm_cuda.SUM_BLOCK,
+                   (part, b, out, np.int32(N), np.int32(OUT), np.int32(planes)))
+
+
+def fc_split3(x, w, b, out, config: str | Config = DEFAULT) -> None:
+    """The fc layer (``labkit.layers``: x (N, K), w (OUT, K), b (OUT,), out (N, OUT), device arrays) on the tensor
+    cores at fp32's accuracy, by ``plan`` for its shape in ``config``; float4 loads where x allows them."""
+    N, K = x.shape
+    vec = K % 4 == 0 and gemm_cuda.address(x) % 16 == 0
+    launch(plan(N, K, w.shape[0], config, vec=vec), x, w, b, out)
+
+
+#: what ``labkit.floors`` reads off a layer function: three fp16 passes a multiply-add
+fc_split3.tensor_core_config = CONFIGS[DEFAULT]
