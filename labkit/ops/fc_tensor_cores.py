@@ -213,6 +213,10 @@ class Config:
 CONFIGS = {
     "m128": Config("m128", wm=4, wn=2, mt=2, max_nt=10),
     "m64": Config("m64", wm=2, wn=2, mt=2, max_nt=5, registers=168),
+    "n160": Config("n160", wm=2, wn=4, mt=2, max_nt=5, registers=128),
+    "m32": Config("m32", wm=1, wn=4, mt=2, max_nt=5, registers=128),
+    "mt4": Config("mt4", wm=2, wn=4, mt=4, max_nt=5),
+    "mt1": Config("mt1", wm=8, wn=2, mt=1, max_nt=10, registers=128),
 }
 DEFAULT = "m128"
 
