@@ -18,11 +18,14 @@ pytestmark = pytest.mark.skipif(bool(stages.unavailable(("cuda_c",))), reason=st
 
 #: one warp, a tile of 16 images by up to two of 8 outputs: the emulation's small shapes cross several blocks
 TINY = ft.Config("tiny", wm=1, wn=1, mt=1, max_nt=2)
-CONFIGS = [*ft.CONFIGS.values(), TINY]
+#: the shortest pipeline: one step on its way while one is multiplied
+TWO_STAGES = ft.Config("two-stages", wm=2, wn=1, mt=1, max_nt=1, stages=2)
+CONFIGS = [*ft.CONFIGS.values(), TINY, TWO_STAGES]
 
-#: (images, inputs, outputs): K a multiple of 4 (float4 loads), of a step of 16 or of nothing; outputs 10, 140 and
-#: odd; images one, odd and more than a block of 128
-SHAPES = [(1, 1, 1), (3, 37, 10), (19, 52, 13), (130, 44, 140), (2, 9, 7)]
+#: (images, inputs, outputs): K a multiple of 4 (float4 loads), of a step of 16 or of nothing, and long enough that
+#: a split's steps go round the stages more than once; outputs 10, 140 and odd; images one, odd and more than a
+#: block of 128
+SHAPES = [(1, 1, 1), (3, 37, 10), (19, 52, 13), (130, 44, 140), (2, 9, 7), (5, 301, 21), (6, 300, 9)]
 
 
 def _device(a, offset=0):
@@ -56,6 +59,8 @@ def plans(monkeypatch):
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_every_configuration_is_the_float64_product_on_odd_shapes(config, shape, plans):
+    """Every output written (the output starts as NaN) and right, whatever the block, the pipeline's depth and the
+    loads."""
     x, w, b, want = fc_cases.layer(*shape)
     _close(_run(lambda *a: ft.fc_split3(*a, config=config), x, w, b), want)
     assert plans[-1].vec == (shape[1] % 4 == 0)  # float4 loads wherever K allows them (the buffers start aligned)
@@ -151,15 +156,15 @@ def test_the_floor_counts_it_as_three_fp16_passes():
 
 def test_fashions_fc1_on_an_h100_reads_x_once_and_fills_three_waves():
     """10000 x 20184 by 160: 128-image blocks over all 160 outputs (x read once), 79 blocks in 5 splits: 395 blocks,
-    three waves of 132 multiprocessors holding one block of 256 threads each."""
+    three waves of 132 multiprocessors holding one block of 512 threads each."""
     p = ft.plan(10000, 20184, 160, sms=132, vec=True)
-    assert (p.bm, 8 * p.tiles, p.threads, p.min_blocks, p.splits) == (128, 160, 256, 1, 5)
-    assert "m128" in str(p) and "float4" in str(p)
+    assert (p.bm, 8 * p.tiles, p.threads, p.min_blocks, p.splits) == (128, 160, 512, 1, 5)
+    assert "mt1" in str(p) and "float4" in str(p)
 
 
 @pytest.mark.parametrize("OUT, nt", [(160, 10), (140, 9), (10, 1), (500, 8), (3, 1)])
 def test_a_warps_output_tiles_cover_the_outputs_with_the_fewest_blocks(OUT, nt):
-    c = ft.CONFIGS["m128"]
+    c = ft.CONFIGS["mt1"]
     assert ft.nt_for(c, OUT) == nt
     assert c.wn * nt * 8 * math.ceil(OUT / (c.wn * nt * 8)) >= OUT
 

@@ -218,9 +218,11 @@ def test_each_release_leaves_out_what_answers_its_tasks_and_ships_what_later_one
         assert not [f for f in held if f.startswith("labkit/grading/") or f.endswith(("/bench.py", "/release.py"))]
         assert not [f for f in held if f.endswith(("/bench_baselines.py", "/bench_files.py", "/bench_table.py",
                                                    "/leak_search.py"))]
-        assert not [f for f in held if f.endswith(("/gemm.py", "/gemm_cuda.py", "/bench_whole.py"))]
+        assert not [f for f in held if f.endswith(("/gemm.py", "/gemm_cuda.py", "/fc_tensor_cores.py",
+                                                   "/bench_whole.py"))]
         assert ("labkit/ops/tensor_cores.py" in held) == (milestone == "10")  # notebook 10's variants use it
         assert ("labkit/ops/tensor_cores_source.py" in held) == (milestone == "10")  # and its CUDA C with it
+        assert ("labkit/ops/mma_source.py" in held) == (milestone == "10")  # and the MMA that both are built on
         assert ("labkit/core/whole.py" in held) == (milestone >= "05")
 
 
@@ -266,7 +268,7 @@ def test_verify_searches_a_release_again(releases):
     got = CliRunner().invoke(main, ["release", "--verify", str(out)])
     assert got.exit_code == 0 and got.output.strip().endswith("found: nothing"), got.output
     assert "stage 10: " in got.output and "split-K (stage 10: " in got.output
-    assert "answers gemm, gemm_cuda, job_graphs;" in got.output
+    assert "answers gemm, gemm_cuda, fc_tensor_cores, job_graphs;" in got.output
     back = out / "labkit" / "gemm.py"
     back.write_text(_kit_module("gemm").read_text())
     try:

@@ -1,7 +1,7 @@
 """fc on the tensor cores at fp32's accuracy: the kit's fc one step past ``labkit.gemm_cuda``'s FMA SGEMM.
 
 fashion's fc1 (10000 images x 20184 inputs x 160 outputs) is a third of the net's multiply-adds, and the CUDA C
-SGEMM ran it at under half of an H100's FMA rate (2.27 ms). ``mma.sync`` multiplies fp16 about ten times faster
+SGEMM ran it at under half of an H100's FMA rate (2.27 ms; on an H200 2.69 ms, and this kernel 1.81: ``CONFIGS``). ``mma.sync`` multiplies fp16 about ten times faster
 than the FMA units (``tools/mma_rates.py``); the split of ``labkit.tensor_cores``' conv keeps fp32's accuracy with
 three of its products (``labkit.ops.mma_source``: ``a = big + small / 2^11``; big·big into one sum, big·small and
 small·big into a second, 2^11 times larger, the dropped small·small about 2^-22 of a product).
@@ -10,8 +10,9 @@ small·big into a second, 2^11 times larger, the dropped small·small about 2^-2
   a lane's two k pairs of one output, big and small, in one 16-byte word, zero past K and past the outputs.
 - A block takes ``BM`` images and ``BN`` outputs (every output of a narrow layer: x is then read once). Its warps are
   ``WM`` along the images by ``WN`` along the outputs; a warp owns ``MT`` tiles of 16 images by ``NT`` of 8 outputs.
-- A step is 16 inputs: the next step's x tile (float4 loads where K allows) and weight words are in registers while
-  this step's MMAs run, then go into the other of two shared buffers; one barrier a step.
+- A step is 16 inputs. ``stages`` steps' x tiles and weight words are in shared memory at once: ``cp.async`` copies
+  the next ``stages - 1`` steps (16 bytes a copy where K allows, else 4) while this step's MMAs run, with no
+  registers held for them; one barrier a step.
 - A lane splits the x values of its A fragments as it reads them from shared memory (rows padded so that a warp's
   reads hit 32 banks); a value fp16 cannot hold becomes a NaN, which every check reports.
 - Split-K over ``blockIdx.z`` into deterministic planes, added with the bias by ``gemm_cuda``'s ``fc_cuda_sum``
@@ -37,10 +38,11 @@ HEAD = r"""
 #define NTILES (WN * NT)  // tiles of 8 outputs a block
 #define BK 16  // inputs a step: one m16n8k16 MMA's
 #define AS_STRIDE (BK + 8)  // a staged row of x, in floats: a warp's 8-byte reads of rows g, k 2t hit 32 banks
-#define A_SLOTS (BM * BK / 4)  // float4 slots of a step's x tile
-#define A_ROUNDS ((A_SLOTS + THREADS - 1) / THREADS)
+#define A_SLOTS (BM * BK / 4)  // 16-byte slots of a step's x tile
 #define B_SLOTS (NTILES * 32)  // 16-byte weight words of a step
-#define B_ROUNDS ((B_SLOTS + THREADS - 1) / THREADS)
+#define A_BYTES (BM * AS_STRIDE * 4)
+#define STAGE_BYTES (A_BYTES + B_SLOTS * 16)
+#define SMEM_BYTES (STAGES * STAGE_BYTES)
 
 extern "C" {
 """
@@ -64,34 +66,72 @@ __global__ void fc_split_weights(const float* __restrict__ w, uint4* __restrict_
     wsp[i] = q;
 }
 
-// four inputs k .. k + 3 of one image (zeros past the images or the split's end), each in fp16's range or a NaN
-__device__ __forceinline__ float4 load_x(const float* __restrict__ x, int row, int rows, int K, int k, int stop) {
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (row >= rows) return v;
-    const float* p = x + (size_t)row * K + k;
-#if VEC
-    if (k < stop) v = load4(p);  // k and stop are multiples of 4 here
+#ifdef __CUDACC__
+extern __shared__ __align__(16) unsigned char dsmem[];
+// copies of 16 or 4 bytes from global into shared memory that run while the warp goes on; `bytes` 0: zeros
+__device__ __forceinline__ void copy16(void* to, const void* from, int bytes) {
+    const unsigned at = (unsigned)__cvta_generic_to_shared(to);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(from), "r"(bytes));
+}
+__device__ __forceinline__ void copy4(void* to, const void* from, int bytes) {
+    const unsigned at = (unsigned)__cvta_generic_to_shared(to);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(at), "l"(from), "r"(bytes));
+}
+// the copies issued since the last one as a group; wait until at most STAGES - 2 groups are on their way
+__device__ __forceinline__ void copies_issued() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void copies_landed() { asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2)); }
 #else
-    if (k < stop) v.x = p[0];
-    if (k + 1 < stop) v.y = p[1];
-    if (k + 2 < stop) v.z = p[2];
-    if (k + 3 < stop) v.w = p[3];
+// the CPU emulation: a copy lands at once
+__shared__ __align__(16) unsigned char dsmem[SMEM_BYTES];
+static inline void copy16(void* to, const void* from, int bytes) {
+    memset(to, 0, 16);
+    if (bytes) memcpy(to, from, bytes);
+}
+static inline void copy4(void* to, const void* from, int bytes) {
+    memset(to, 0, 4);
+    if (bytes) memcpy(to, from, bytes);
+}
+static inline void copies_issued() {}
+static inline void copies_landed() {}
 #endif
-    v.x = half_range(v.x), v.y = half_range(v.y), v.z = half_range(v.z), v.w = half_range(v.w);
-    return v;
+
+// step k0's x tile (BM images x 16 inputs; zeros past the images or the split's end) and weight words into stage st
+__device__ __forceinline__ void fetch(unsigned char* st, const float* __restrict__ xb, const uint4* __restrict__ wsp,
+                                      int rows, int K, int k0, int stop, int tile0, int tiles, int tid) {
+    float* as = reinterpret_cast<float*>(st);
+    uint4* bs = reinterpret_cast<uint4*>(st + A_BYTES);
+    for (int slot = tid; slot < A_SLOTS; slot += THREADS) {
+        const int row = slot / (BK / 4), k = k0 + slot % (BK / 4) * 4;
+        float* to = as + row * AS_STRIDE + slot % (BK / 4) * 4;
+        const float* from = xb + (size_t)row * K + k;
+#if VEC
+        const bool ok = row < rows && k < stop;  // k and stop are multiples of 4 here
+        copy16(to, ok ? from : xb, ok ? 16 : 0);
+#else
+        for (int j = 0; j < 4; ++j) {
+            const bool ok = row < rows && k + j < stop;
+            copy4(to + j, ok ? from + j : xb, ok ? 4 : 0);
+        }
+#endif
+    }
+    for (int slot = tid; slot < B_SLOTS; slot += THREADS) {
+        const int tile = tile0 + slot / 32;
+        const bool ok = tile < tiles;
+        copy16(bs + slot, ok ? wsp + ((size_t)(k0 / 16) * tiles + tile) * 32 + slot % 32 : wsp, ok ? 16 : 0);
+    }
 }
 
-// Grid (image tiles, output tiles, splits), THREADS a block. Split z sums the steps of inputs z * span ..
-// min(K, (z + 1) * span) (span a multiple of 16) into dst + z * N * OUT, or with one split into out with the bias.
+// Grid (image tiles, output tiles, splits), THREADS a block, SMEM_BYTES of dynamic shared memory. Split z sums the
+// steps of inputs z * span .. min(K, (z + 1) * span) (span a multiple of 16) into dst + z * N * OUT, or with one
+// split into out with the bias. STAGES steps' tiles are in shared memory at once: STAGES - 1 on their way while
+// one is multiplied.
 __global__ void __launch_bounds__(THREADS, MINB)
 fc_split3(const float* __restrict__ x, const uint4* __restrict__ wsp, const float* __restrict__ b,
           float* __restrict__ dst, int N, int K, int OUT, int tiles, int span, int add_bias) {
-    __shared__ __align__(16) float As[2][BM * AS_STRIDE];  // [buffer][image][input]
-    __shared__ __align__(16) uint4 Bs[2][B_SLOTS];  // [buffer][tile][lane]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wm = warp % WM, wn = warp / WM;
     const int n0 = blockIdx.x * BM, tile0 = blockIdx.y * NTILES;
-    const int start = blockIdx.z * span, stop = min(K, start + span);
+    const int start = blockIdx.z * span, stop = min(K, start + span), steps = (stop - start + BK - 1) / BK;
     const int rows = min(BM, N - n0);
     const float* xb = x + (size_t)n0 * K;
 
@@ -103,53 +143,30 @@ fc_split3(const float* __restrict__ x, const uint4* __restrict__ wsp, const floa
 #pragma unroll
             for (int r = 0; r < 4; ++r) acc[mt][nt][r] = lo[mt][nt][r] = 0.0f;
 
-    float4 pa[A_ROUNDS];  // the next step's x and weights on their way from global memory
-    uint4 pb[B_ROUNDS];
-#define FETCH(k0)                                                                                                  \
-    _Pragma("unroll") for (int r = 0; r < A_ROUNDS; ++r) {                                                         \
-        const int slot = tid + r * THREADS;                                                                        \
-        if (slot < A_SLOTS) pa[r] = load_x(xb, slot / (BK / 4), rows, K, (k0) + slot % (BK / 4) * 4, stop);        \
-    }                                                                                                              \
-    _Pragma("unroll") for (int r = 0; r < B_ROUNDS; ++r) {                                                         \
-        const int slot = tid + r * THREADS, tile = tile0 + slot / 32;                                              \
-        if (slot < B_SLOTS) {                                                                                      \
-            if (tile < tiles) pb[r] = wsp[((size_t)((k0) / 16) * tiles + tile) * 32 + slot % 32];                  \
-            else pb[r].x = pb[r].y = pb[r].z = pb[r].w = 0u;                                                       \
-        }                                                                                                          \
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < steps) fetch(dsmem + s * STAGE_BYTES, xb, wsp, rows, K, start + s * BK, stop, tile0, tiles, tid);
+        copies_issued();  // a group each stage, empty or not: the wait counts groups
     }
-#define PUT(buf)                                                                                                   \
-    _Pragma("unroll") for (int r = 0; r < A_ROUNDS; ++r) {                                                         \
-        const int slot = tid + r * THREADS;                                                                        \
-        if (slot < A_SLOTS)                                                                                        \
-            *reinterpret_cast<float4*>(&As[buf][slot / (BK / 4) * AS_STRIDE + slot % (BK / 4) * 4]) = pa[r];       \
-    }                                                                                                              \
-    _Pragma("unroll") for (int r = 0; r < B_ROUNDS; ++r)                                                           \
-        if (tid + r * THREADS < B_SLOTS) Bs[buf][tid + r * THREADS] = pb[r];
-
-    FETCH(start)
-    PUT(0)
-    __syncthreads();
-
-    int buf = 0;
-    for (int k0 = start; k0 < stop; k0 += BK) {
-        const bool more = k0 + BK < stop;
-        if (more) {
-            FETCH(k0 + BK)
-        }
-        const float* as = As[buf];
-        const uint4* bs = Bs[buf];
-        // lane (g, t)'s A fragments: rows g and g + 8 of each of its tiles, inputs 2t, 2t + 1 and 2t + 8, 2t + 9
+    for (int it = 0; it < steps; ++it) {
+        copies_landed();  // this thread's copies of step it are in
+        __syncthreads();  // and every thread's; every thread is also done with step it - 1's stage
+        const int next = it + STAGES - 1;
+        if (next < steps)
+            fetch(dsmem + next % STAGES * STAGE_BYTES, xb, wsp, rows, K, start + next * BK, stop, tile0, tiles, tid);
+        copies_issued();
+        const float* as = reinterpret_cast<const float*>(dsmem + it % STAGES * STAGE_BYTES);
+        const uint4* bs = reinterpret_cast<const uint4*>(dsmem + it % STAGES * STAGE_BYTES + A_BYTES);
+        // lane (g, t)'s A fragments: rows g and g + 8 of each of its tiles, inputs 2t, 2t + 1 and 2t + 8, 2t + 9,
+        // each in fp16's range or a NaN
         unsigned hi[MT][4], sm[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             const float* r0 = as + ((wm * MT + mt) * 16 + g) * AS_STRIDE + 2 * t;
             const float* r1 = r0 + 8 * AS_STRIDE;
-            const float2 a0 = *reinterpret_cast<const float2*>(r0), a1 = *reinterpret_cast<const float2*>(r1);
-            const float2 a2 = *reinterpret_cast<const float2*>(r0 + 8), a3 = *reinterpret_cast<const float2*>(r1 + 8);
-            split_h2(a0.x, a0.y, hi[mt][0], sm[mt][0]);
-            split_h2(a1.x, a1.y, hi[mt][1], sm[mt][1]);
-            split_h2(a2.x, a2.y, hi[mt][2], sm[mt][2]);
-            split_h2(a3.x, a3.y, hi[mt][3], sm[mt][3]);
+            const float2 a[4] = {*reinterpret_cast<const float2*>(r0), *reinterpret_cast<const float2*>(r1),
+                                 *reinterpret_cast<const float2*>(r0 + 8), *reinterpret_cast<const float2*>(r1 + 8)};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) split_h2(half_range(a[e].x), half_range(a[e].y), hi[mt][e], sm[mt][e]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -161,11 +178,6 @@ fc_split3(const float* __restrict__ x, const uint4* __restrict__ wsp, const floa
                 mma16(acc[mt][nt], hi[mt], bq.x, bq.y);
             }
         }
-        if (more) {  // into the other buffer, last read a step ago, before the barrier that ended that step
-            PUT(buf ^ 1)
-        }
-        __syncthreads();
-        buf ^= 1;
     }
 
     // lane (g, t) holds rows g and g + 8 of each tile, outputs 2t and 2t + 1 of each tile of 8
@@ -201,24 +213,29 @@ class Config:
     mt: int
     max_nt: int
     registers: int = 255
+    stages: int = 4
     f16: bool = True  # what labkit.floors reads: three fp16 passes a multiply-add
 
     def __post_init__(self):
-        if min(self.wm, self.wn, self.mt, self.max_nt) < 1:
-            raise ValueError(f"Config {self.name}: wm, wn, mt and max_nt must be at least 1")
+        if min(self.wm, self.wn, self.mt, self.max_nt) < 1 or self.stages < 2:
+            raise ValueError(f"Config {self.name}: wm, wn, mt and max_nt must be at least 1, stages at least 2")
 
 
-#: the configurations a GPU run compares: 128 images by up to 160 outputs in 8 warps (two along the outputs, a warp
-#: 32 x 80: sixty MMAs a step for ten weight words and eight x pairs a lane), and a narrower 64 x 80 block
+#: the configurations a GPU run compares (``tools/fc_gemm_timing.py``; ``results/h200-2026-11-28``, H200): fashion's
+#: fc1 at 10000 images took 1.81 ms in ``mt1`` (16 warps, a warp 16 x 80, 128 registers: no spill), 1.98 in
+#: ``n160``, 2.13 in ``m128`` (255 registers), 2.24-2.65 in the others; cuBLAS's fp32 SGEMM 1.65 and
+#: ``gemm_cuda.fc_cuda`` 2.69. ``mt1`` was the quickest on all four fc1 workloads (fashion and ece408 at 1000 and
+#: 10000 images). A step's barrier and one step of loads in flight keep every shape far from the MMA rate (a
+#: fifth of it): the next step is a deeper pipeline (``cp.async``), not another block shape
 CONFIGS = {
     "m128": Config("m128", wm=4, wn=2, mt=2, max_nt=10),
-    "m64": Config("m64", wm=2, wn=2, mt=2, max_nt=5, registers=168),
     "n160": Config("n160", wm=2, wn=4, mt=2, max_nt=5, registers=128),
-    "m32": Config("m32", wm=1, wn=4, mt=2, max_nt=5, registers=128),
-    "mt4": Config("mt4", wm=2, wn=4, mt=4, max_nt=5),
     "mt1": Config("mt1", wm=8, wn=2, mt=1, max_nt=10, registers=128),
+    "mt1s3": Config("mt1s3", wm=8, wn=2, mt=1, max_nt=10, registers=128, stages=3),
+    "mt1s6": Config("mt1s6", wm=8, wn=2, mt=1, max_nt=10, registers=128, stages=6),
+    "w4s6": Config("w4s6", wm=4, wn=2, mt=1, max_nt=10, registers=128, stages=6),
 }
-DEFAULT = "m128"
+DEFAULT = "mt1"
 
 
 @dataclass(frozen=True)
@@ -260,7 +277,12 @@ class Plan:
     def macros(self) -> tuple[str, ...]:
         c = self.config
         return (f"-DWM={c.wm}", f"-DWN={c.wn}", f"-DMT={c.mt}", f"-DNT={self.nt}", f"-DMINB={self.min_blocks}",
-                f"-DVEC={int(self.vec)}")
+                f"-DVEC={int(self.vec)}", f"-DSTAGES={c.stages}")
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory a block takes: ``stages`` steps' x tiles (rows padded to 24 floats) and weights."""
+        return self.config.stages * (self.bm * 24 * 4 + self.tiles * 32 * 16)
 
     def __str__(self) -> str:
         return (f"{self.config.name}: {self.bm} x {8 * self.tiles} blocks, {self.splits} "
@@ -337,11 +359,12 @@ def launch(p: Plan, x, w, b, out) -> None:
     grid = (gpu.blocks(N, p.bm), -(-tiles // p.tiles), planes)
     ints = tuple(np.int32(v) for v in (N, K, OUT, tiles, span))
     kernel = m.get_function("fc_split3")
+    shared = 0 if gpu.cuda_c_on_cpu() else p.shared_bytes  # the emulation's shared array has its size in the source
     if planes == 1:
-        gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, out, *ints, np.int32(1)))
+        gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, out, *ints, np.int32(1)), shared_bytes=shared)
         return
     part = gpu.buffer("fc_split3: partial sums", (planes, N, OUT))
-    gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, part, *ints, np.int32(0)))
+    gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, part, *ints, np.int32(0)), shared_bytes=shared)
     gpu.launch_raw(m.get_function("fc_cuda_sum"), gpu.blocks(N * OUT, gemm_cuda.SUM_BLOCK), gemm_cuda.SUM_BLOCK,
                    (part, b, out, np.int32(N), np.int32(OUT), np.int32(planes)))
 
