@@ -156,10 +156,10 @@ def test_the_floor_counts_it_as_three_fp16_passes():
 
 def test_fashions_fc1_on_an_h100_reads_x_once_and_fills_three_waves():
     """10000 x 20184 by 160: 128-image blocks over all 160 outputs (x read once), 79 blocks in 5 splits: 395 blocks,
-    three waves of 132 multiprocessors holding one block of 512 threads each."""
+    three waves of 132 multiprocessors holding one block of 256 threads each."""
     p = ft.plan(10000, 20184, 160, sms=132, vec=True)
-    assert (p.bm, 8 * p.tiles, p.threads, p.min_blocks, p.splits) == (128, 160, 512, 1, 5)
-    assert "mt1" in str(p) and "float4" in str(p)
+    assert (p.bm, 8 * p.tiles, p.threads, p.min_blocks, p.splits) == (128, 160, 256, 1, 5)
+    assert "m128" in str(p) and "float4" in str(p)
 
 
 @pytest.mark.parametrize("OUT, nt", [(160, 10), (140, 9), (10, 1), (500, 8), (3, 1)])

@@ -221,12 +221,12 @@ class Config:
             raise ValueError(f"Config {self.name}: wm, wn, mt and max_nt must be at least 1, stages at least 2")
 
 
-#: the configurations a GPU run compares (``tools/fc_gemm_timing.py``; ``results/h200-2026-11-28``, H200): fashion's
-#: fc1 at 10000 images took 1.81 ms in ``mt1`` (16 warps, a warp 16 x 80, 128 registers: no spill), 1.98 in
-#: ``n160``, 2.13 in ``m128`` (255 registers), 2.24-2.65 in the others; cuBLAS's fp32 SGEMM 1.65 and
-#: ``gemm_cuda.fc_cuda`` 2.69. ``mt1`` was the quickest on all four fc1 workloads (fashion and ece408 at 1000 and
-#: 10000 images). A step's barrier and one step of loads in flight keep every shape far from the MMA rate (a
-#: fifth of it): the next step is a deeper pipeline (``cp.async``), not another block shape
+#: the configurations a GPU run compares (``tools/fc_gemm_timing.py``, ``results/h200-2026-11-28``, an H200, medians
+#: of 30): with ``cp.async`` four steps ahead, fashion's fc1 at 10000 images took 1.04 ms in ``m128`` (8 warps, a
+#: warp 32 x 80, 250 registers) and 1.13-1.21 ms in the others, against cuBLAS's fp32 SGEMM 1.65 and
+#: ``gemm_cuda.fc_cuda`` 2.69; with the next step's tiles in registers instead, 1.79 ms (``m128``). At 1000 images
+#: and on ece408's fc1 every shape was within 5 per cent of the others; ``mt1s6`` and ``w4s6`` (six stages)
+#: bought nothing over four
 CONFIGS = {
     "m128": Config("m128", wm=4, wn=2, mt=2, max_nt=10),
     "n160": Config("n160", wm=2, wn=4, mt=2, max_nt=5, registers=128),
@@ -235,7 +235,7 @@ CONFIGS = {
     "mt1s6": Config("mt1s6", wm=8, wn=2, mt=1, max_nt=10, registers=128, stages=6),
     "w4s6": Config("w4s6", wm=4, wn=2, mt=1, max_nt=10, registers=128, stages=6),
 }
-DEFAULT = "mt1"
+DEFAULT = "m128"
 
 
 @dataclass(frozen=True)
