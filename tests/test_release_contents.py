@@ -362,10 +362,11 @@ def test_notebook_10_compares_with_the_kits_fc_from_the_committed_results():
     assert len(kit_only) == 1 and "whole_fashion_tiles" in kit_only[0].source and "lk.gemm." in kit_only[0].source
     times = measured.fc_times()
     assert times is not None and times.device.startswith("NVIDIA")
-    assert 0 < times.seconds("cuda", 10000) < times.seconds("tiles", 10000)
-    from labkit import gemm_cuda  # the committed row is the kit's default configuration
+    assert 0 < times.seconds("tc", 10000) < times.seconds("cuda", 10000) < times.seconds("tiles", 10000)
+    from labkit import fc_tensor_cores, gemm_cuda  # the committed rows are the kits' default configurations
 
     assert measured.FC_KERNELS["cuda"][0].endswith(f"[{gemm_cuda.DEFAULT}:")
+    assert measured.FC_KERNELS["tc"][0].endswith(f"[{fc_tensor_cores.DEFAULT}:")
     rubric = (KIT / "rubric.toml").read_text().split('[stage."10"]')[1]
     graded = ast.literal_eval(rubric.split("\nvariants = ")[1].splitlines()[0])
     assert graded and all(f'"{v}": lk.Variant(' in code for v in graded)

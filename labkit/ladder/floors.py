@@ -31,6 +31,7 @@ from ..measuring.ledger import repo_root
 from ..model import layers
 from ..model.nets import Layer, Net, get_net
 from . import ceilings
+from .tune import size_for
 
 STORE = repo_root() / "results" / "unit_rates.json"
 #: the units a layer's multiply-adds can run on, as ``tools/mma_rates.py`` names its kernels
@@ -168,19 +169,13 @@ def net_floor(net: Net | str, images: int, rates: Rates, methods: dict | None = 
 # ------------------------------------------------------------------------------------------------ the methods
 
 
-def nearest(sizes, n: int) -> int:
-    """The size of ``sizes`` nearest to ``n`` by ratio (the smaller on a tie): how ``lk.tune.by_images`` picks."""
-    n = max(1, int(n))
-    return min(sizes, key=lambda s: (abs(math.log(s / n)), s))
-
-
 def method_of(fn, images: int) -> Method:
     """The method a layer function issues at ``images`` images: a function tuned per size (``lk.tune.by_images``)
     resolved to the size it would call, then a tensor-core conv (``labkit.tensor_cores``: its ``config``) as three
     passes on fp16 or TF32, anything else as FMA."""
     tuned = getattr(fn, "tuned", None)
     if isinstance(tuned, dict) and tuned:
-        fn = tuned[nearest(tuned, images)]
+        fn = tuned[size_for(tuned, images)]
     config = getattr(fn, "tensor_core_config", None)
     if config is not None:
         return Method("f16" if config.f16 else "tf32", 3, config.name)

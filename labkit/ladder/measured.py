@@ -188,10 +188,12 @@ def show(stage: str, compare: tuple[tuple[str, str], ...] = (), root: Path = RES
 
 
 #: the kit's fc kernels as ``tools/fc_gemm_timing.py`` labels them in its ``fc_gemm_timing.json`` (the CUDA C SGEMM
-#: in its default configuration, ``labkit.gemm_cuda.DEFAULT``): the code is not in a student release (it answers
-#: stage 10's task 1), so notebook 10 compares the student's fc with these committed times
+#: and the tensor cores' fc in their default configurations, ``labkit.gemm_cuda.DEFAULT`` and
+#: ``labkit.fc_tensor_cores.DEFAULT``): the code is not in a student release (it answers stage 10's task 1), so
+#: notebook 10 compares the student's fc with these committed times
 FC_KERNELS = {"tiles": ("lk.gemm.fc_tiles", "the kit's register tiles"),
-              "cuda": ("lk.gemm_cuda.fc_cuda[k8:", "the kit's CUDA C SGEMM")}
+              "cuda": ("lk.gemm_cuda.fc_cuda[k8:", "the kit's CUDA C SGEMM"),
+              "tc": ("lk.fc_tensor_cores.fc_split3[m128:", "the kit's fc on the tensor cores")}
 
 
 @dataclass
@@ -229,8 +231,9 @@ def fc_times(root: Path = RESULTS) -> FcTimes | None:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and not data.get("quick") and data.get("rows"):
-            found.append(FcTimes(path, str(data.get("device", "?")), str(data.get("date", "?"))[:10], data["rows"]))
-    return max(found, key=lambda t: t.date, default=None)
+            stamp = str(data.get("date", "?"))  # to the second: several runs of one day are ordered
+            found.append((stamp, FcTimes(path, str(data.get("device", "?")), stamp[:10], data["rows"])))
+    return max(found, key=lambda t: t[0], default=(None, None))[1]
 
 
 README_BEGIN, README_END = "<!-- measured:begin -->", "<!-- measured:end -->"

@@ -169,10 +169,17 @@ def stored(net: str, images: int, dev: str | None = None) -> dict | None:
     return entries[-1] if entries else None
 
 
+def size_for(sizes, n: int) -> int:
+    """The tuned size of ``sizes`` whose choice serves a batch of ``n`` images: the nearest by ratio (the smaller on
+    a tie). One rule for the calls (``by_images``) and for what ``labkit.floors`` says they issue."""
+    n = max(1, int(n))
+    return min(sizes, key=lambda s: (abs(math.log(s / n)), s))
+
+
 def by_images(tuned: dict[int, dict]) -> dict:
     """One set of layer functions from choices tuned per workload size (``{1200: impls, 50000: impls}``): where
-    the sizes' functions for a layer differ, a function that calls, at each call, the one tuned for the size nearest
-    (by ratio) to the call's batch; the kit's checks (a few images) get the smallest size's. A layer's best kernel
+    the sizes' functions for a layer differ, a function that calls, at each call, the one tuned for the size that
+    serves the call's batch (``size_for``); the kit's checks (a few images) get the smallest size's. A layer's best kernel
     at 1200 images is not its best at 50000: at 1200 the small layers do not fill the GPU."""
     sizes = sorted(tuned)
     if not sizes:
@@ -188,8 +195,7 @@ def by_images(tuned: dict[int, dict]) -> dict:
             continue
 
         def pick(x, *args, _fns=fns):
-            n = max(1, int(x.shape[0]))
-            return _fns[min(sizes, key=lambda s: (abs(math.log(s / n)), s))](x, *args)
+            return _fns[size_for(sizes, x.shape[0])](x, *args)
 
         pick.__name__ = f"tuned_by_images_{key}"
         pick.__qualname__ = pick.__name__
