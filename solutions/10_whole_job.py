@@ -293,8 +293,9 @@ lk.show.task("10", "streamed")
 # `whole_cifar10` and `whole_fashion`: stage 09's tuned convolutions, your split-K fc for every fully connected layer,
 # the kit's other layers, and a whole call replayed from a CUDA graph (`graph=True`: what the bench times as the
 # whole call). `whole_cifar10`'s convolutions are tuned per size: `lk.tune.by_images` calls, for each batch, the
-# choice stage 09's tuner kept at the nearest size it tuned (1200 or 50000 images: at 1200 the small layers do not
-# fill the GPU, and the tuner's choice for conv2 and conv3 there splits their maps over two blocks).
+# choice stage 09's tuner kept at the smallest size it tuned at or above the batch (1200 or 50000 images: at 1200 the
+# small layers do not fill the GPU, and the tuner's choice for conv2 and conv3 there splits their maps over two
+# blocks).
 # `whole_cifar10` also names your pipeline (`pipeline=classify_streamed`: the bench's end-to-end rows);
 # `fashion`'s inputs are resized images, not bytes looked up one by one, so its job starts from floats.
 # `whole_fashion` is the variant the grader times. `whole_cifar10` takes the tensor cores' conv (above) for the layers

@@ -72,7 +72,9 @@ def test_the_stored_choice_is_this_devices_when_one_is_recorded_else_the_newest(
     assert tune.stored("fashion", 8) is None and tune.stored("cifar10", 7) is None
 
 
-def test_by_images_calls_the_choice_tuned_for_the_nearest_size():
+def test_by_images_calls_the_choice_tuned_at_the_smallest_size_at_or_above_the_batch():
+    """A batch between two tuned sizes gets the larger size's choice (tuned where the GPU was no fuller); past the
+    largest, the largest's."""
     calls = []
 
     def small(x, *a):
@@ -86,10 +88,10 @@ def test_by_images_calls_the_choice_tuned_for_the_nearest_size():
 
     impls = tune.by_images({1200: {"conv1": small, "fc": same}, 50000: {"conv1": big, "fc": same}})
     assert impls["fc"] is same  # one function at every size: no dispatcher
-    for n in (1, 7, 1200, 7000, 8000, 50000, 90000):
+    for n in (1, 7, 1200, 1201, 2500, 8000, 50000, 90000):
         impls["conv1"](np.zeros((n, 1)))
-    assert calls == [("small", 1), ("small", 7), ("small", 1200), ("small", 7000), ("big", 8000), ("big", 50000),
-                     ("big", 90000)]
+    assert calls == [("small", 1), ("small", 7), ("small", 1200), ("big", 1201), ("big", 2500), ("big", 8000),
+                     ("big", 50000), ("big", 90000)]
     with pytest.raises(ValueError, match="conv2"):
         tune.by_images({1200: {"conv2": small}, 50000: {}})
 

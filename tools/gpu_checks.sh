@@ -28,7 +28,7 @@ want wrong && step wrong "$PY" tests/wrong_submissions.py --table --no-selfcheck
 want probe && [ -f tools/whole_job_probe.py ] && step probe "$PY" tools/whole_job_probe.py --out "$OUT/files/probe"
 want stage10 && step stage10 env LABKIT_TEST_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -n 0 -rs \
   tests/test_streams.py tests/test_bench_whole.py tests/test_split_k.py tests/test_gemm.py tests/test_gemm_cuda.py tests/test_fc_gemm_timing.py \
-  tests/test_winograd.py tests/test_tensor_cores.py tests/test_unfinished.py tests/test_tune.py
+  tests/test_winograd.py tests/test_tensor_cores.py tests/test_fc_tensor_cores.py tests/test_unfinished.py tests/test_tune.py
 want tune1200 && step tune1200 "$PY" tools/tune_workload.py cifar10 1200 --save && cp results/tuning.json "$OUT/files/tuning.json"
 want recheck && step recheck "$PY" tools/recheck_candidate.py cifar10 conv2 "09 tiles weights_in=shared tpb=128 split=3 rows=4" --times 20
 want fcgemm && step fcgemm "$PY" tools/fc_gemm_timing.py --out "$OUT/files/fc_gemm"
