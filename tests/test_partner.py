@@ -243,6 +243,30 @@ def test_a_relay_whose_partner_ends_lets_the_student_go_on_alone():
     assert Relay.ended("not ready").result() == (None, "not ready")
 
 
+def test_a_pass_asked_for_out_of_order_ends_the_relay_at_once():
+    """A child that skips a pass (or asks for one again) would wait for a turn that cannot come, holding every other
+    job's turn for ATTEMPT_S: the relay ends at once, says why, and frees the side waiting for it."""
+    import threading
+    import time
+
+    from labkit.grading.partner import Relay
+
+    for asked in ([0, 2], [0, 0], [1]):
+        turns = _LendLog()
+        relay = Relay(turns, "holder", "partner", 3)
+        relay.start()
+        partner = threading.Thread(target=lambda: [relay.before_pass(Relay.PARTNER, k) for k in range(3)])
+        partner.start()
+        started = time.monotonic()
+        for k in asked:
+            relay.before_pass(Relay.STUDENT, k)
+        partner.join(5)
+        assert time.monotonic() - started < 5 and not partner.is_alive(), asked
+        runs, why = relay.result()
+        assert runs is None and f"asked for pass {asked[-1]}'s images where pass" in why, (asked, why)
+        assert turns.running == "holder"
+
+
 def _pass(t: float) -> dict:
     return {"pass": t, "conv1": t / 2}
 

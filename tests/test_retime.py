@@ -112,13 +112,15 @@ def test_no_pass_images_reach_the_child_before_their_pass(job, tmp_path):
     assert not any(Path(job.spec.timing.pass_inputs).parent.iterdir())
     answers: list = []
     job._on_turn(P.Turn(), b"", answers.append)
-    job._on_pass(P.PassImages(attempt=0, k=1), b"", answers.append)  # pass 1 asks: only its images are written
-    assert [p.name for p in Path(job.spec.timing.pass_inputs).parent.iterdir()] == ["attempt0_pass1.npy"]
-    assert np.array_equal(np.load(job.spec.timing.pass_inputs.format(attempt=0, k=1)), job._pass_images[1])
-    for bad in (P.PassImages(attempt=0, k=1), P.PassImages(attempt=1, k=0), P.PassImages(attempt=0, k=3)):
+    job._on_pass(P.PassImages(attempt=0, k=0), b"", answers.append)  # pass 0 asks: only its images are written
+    assert [p.name for p in Path(job.spec.timing.pass_inputs).parent.iterdir()] == ["attempt0_pass0.npy"]
+    assert np.array_equal(np.load(job.spec.timing.pass_inputs.format(attempt=0, k=0)), job._pass_images[0])
+    for bad in (P.PassImages(attempt=0, k=0), P.PassImages(attempt=1, k=1), P.PassImages(attempt=0, k=2),
+                P.PassImages(attempt=0, k=3)):
         job.outcome.protocol_error = None
-        job._on_pass(bad, b"", answers.append)  # asked again, of another attempt, or past the last pass
+        job._on_pass(bad, b"", answers.append)  # asked again, of another attempt, a pass skipped, past the last
         assert answers[-1] is P.Answer.STOP and "images asked for pass" in job.outcome.protocol_error
+    assert [p.name for p in Path(job.spec.timing.pass_inputs).parent.iterdir()] == ["attempt0_pass0.npy"]
     assert answers[:2] == [P.Answer.CONTINUE, P.Answer.CONTINUE]
 
 

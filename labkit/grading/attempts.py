@@ -72,8 +72,9 @@ class TimedAttempts:
     def _hand_pass(self, attempt: int, k: int) -> str | None:
         """Pass ``k``'s images written where the child reads them, now that the pass asks; why not, for a request
         that is not the next pass of the current attempt."""
-        if attempt != self._attempt or not 0 <= k < len(self._pass_images) or k in self._handed:
-            return f"images asked for pass {k} of attempt {attempt}, where attempt {self._attempt} was timed"
+        if attempt != self._attempt or not 0 <= k < len(self._pass_images) or k != len(self._handed):
+            return (f"images asked for pass {k} of attempt {attempt}, where pass {len(self._handed)} of attempt "
+                    f"{self._attempt} was next")
         self._handed.add(k)
         np.save(self._pass_inputs.format(attempt=attempt, k=k), self._pass_images[k])
         return None

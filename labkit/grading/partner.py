@@ -150,6 +150,7 @@ class Relay:
         self.turns, self.holder, self.partner, self.passes = turns, holder, partner, passes
         self._cond = threading.Condition()
         self._step = 0  # 2k: the partner's pass k may run; 2k + 1: the student's
+        self._asked = [-1, -1]  # the last pass each side's child asked for
         self._lent = False
         self._finished = threading.Event()
         self.runs: list | None = None
@@ -178,7 +179,15 @@ class Relay:
                 self._abort(f"the reference partner took more than {ATTEMPT_S:.0f} s for one pass")
 
     def before_pass(self, who: int, k: int) -> None:
-        """``who``'s child asks for pass ``k``'s images: its pass ``k - 1`` has run; wait for pass ``k``'s turn."""
+        """``who``'s child asks for pass ``k``'s images: its pass ``k - 1`` has run; wait for pass ``k``'s turn. A
+        request out of order (a pass skipped or asked again) ends the relay at once: waiting for a turn that
+        cannot come would hold every other job's turn for ``ATTEMPT_S``."""
+        with self._cond:
+            if k != self._asked[who] + 1:
+                self._abort(f"the {'student' if who == self.STUDENT else 'partner'}'s child asked for pass {k}'s "
+                            f"images where pass {self._asked[who] + 1} was next")
+                return
+            self._asked[who] = k
         if k:
             self.done(who, k - 1)
         self.wait(who, k)
