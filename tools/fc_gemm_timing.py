@@ -3,8 +3,8 @@
 Fashion's fc1 (20184 -> 160) and ECE408's fc1 (5184 -> 140), at 10000 and 1000 images, each with the kit's given
 ``lk.kernels.fc``, its numba register tiles ``lk.gemm.fc_tiles``, every configuration of the CUDA C SGEMM
 ``lk.gemm_cuda.fc_cuda`` (``CONFIGS``, with the plan it picks), every configuration of the tensor cores' fc
-``lk.fc_tensor_cores.fc_split3`` (with its plan, and on a GPU its registers and spills a thread) and torch's ``F.linear`` (cuBLAS, TF32 off) for
-reference. Each is checked against numpy's float64 product first (max |error| / max |result| at most 1e-4), then
+``lk.fc_tensor_cores.fc_split3`` (with its plan, and on a GPU its registers and spills a thread) and torch's
+``F.linear`` (cuBLAS, TF32 off) for reference. Each is checked against numpy's float64 product first (max |error| / max |result| at most 1e-4), then
 timed: CUDA events around each call, warm-up calls first, median and range of 20. One line a row; ``--out DIR``
 writes ``DIR/fc_gemm_timing.json``. The exit status is 1 when a check failed.
 

@@ -182,8 +182,8 @@ def size_for(sizes, n: int) -> int:
 def by_images(tuned: dict[int, dict]) -> dict:
     """One set of layer functions from choices tuned per workload size (``{1200: impls, 50000: impls}``): where
     the sizes' functions for a layer differ, a function that calls, at each call, the one tuned for the size that
-    serves the call's batch (``size_for``); the kit's checks (a few images) get the smallest size's. A layer's best kernel
-    at 1200 images is not its best at 50000: at 1200 the small layers do not fill the GPU."""
+    serves the call's batch (``size_for``); the kit's checks (a few images) get the smallest size's. A layer's best
+    kernel at 1200 images is not its best at 50000: at 1200 the small layers do not fill the GPU."""
     sizes = sorted(tuned)
     if not sizes:
         raise ValueError("by_images: no tuned sizes given")

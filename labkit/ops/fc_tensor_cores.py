@@ -1,8 +1,9 @@
 """fc on the tensor cores at fp32's accuracy: the kit's fc one step past ``labkit.gemm_cuda``'s FMA SGEMM.
 
 fashion's fc1 (10000 images x 20184 inputs x 160 outputs) is a third of the net's multiply-adds, and the CUDA C
-SGEMM ran it at under half of an H100's FMA rate (2.27 ms; on an H200 2.69 ms, and this kernel 1.81: ``CONFIGS``). ``mma.sync`` multiplies fp16 about ten times faster
-than the FMA units (``tools/mma_rates.py``); the split of ``labkit.tensor_cores``' conv keeps fp32's accuracy with
+SGEMM ran it at under half of an H100's FMA rate (2.27 ms; on an H200 2.69 ms, this kernel 1.04: ``CONFIGS``).
+``mma.sync`` multiplies fp16 about ten times faster than the FMA units (``tools/mma_rates.py``); the split of
+``labkit.tensor_cores``' conv keeps fp32's accuracy with
 three of its products (``labkit.ops.mma_source``: ``a = big + small / 2^11``; big·big into one sum, big·small and
 small·big into a second, 2^11 times larger, the dropped small·small about 2^-22 of a product).
 
