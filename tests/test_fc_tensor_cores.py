@@ -28,32 +28,13 @@ CONFIGS = [*ft.CONFIGS.values(), TINY, TWO_STAGES]
 SHAPES = [(1, 1, 1), (3, 37, 10), (19, 52, 13), (130, 44, 140), (2, 9, 7), (5, 301, 21), (6, 300, 9)]
 
 
-def _device(a, offset=0):
-    """``a`` on the device inside a NaN buffer, starting ``offset`` floats in (1: not on 16 bytes)."""
-    whole = np.full(a.size + offset + 64, np.nan, np.float32)
-    whole[offset:offset + a.size] = a.ravel()
-    return gpu.to_device(whole)[offset:offset + a.size].reshape(a.shape)
-
-
-def _run(fn, x, w, b, offset=0):
-    out = gpu.to_device(np.full((x.shape[0], w.shape[0]), np.nan, np.float32))  # poisoned: unwritten stays NaN
-    fn(_device(x, offset), _device(w, offset), _device(b), out)
-    return gpu.as_host(out)
-
-
-def _close(got, want):
-    """Every output written and within fp32's error of a K-long sum (the split keeps about 22 bits a product)."""
-    assert np.isfinite(got).all(), f"{np.count_nonzero(~np.isfinite(got))} outputs unwritten or NaN read"
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+_run, _close = fc_cases.run, fc_cases.close
 
 
 @pytest.fixture
 def plans(monkeypatch):
-    """The plans launched, as fc_split3 chose them."""
-    seen = []
-    real = ft.launch
-    monkeypatch.setattr(ft, "launch", lambda p, *a: (seen.append(p), real(p, *a))[1])
-    return seen
+    """The plans launched, as the layer function chose them."""
+    return fc_cases.record_plans(monkeypatch, ft)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)

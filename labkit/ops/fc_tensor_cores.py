@@ -359,15 +359,9 @@ def launch(p: Plan, x, w, b, out) -> None:
     span, planes = p.span(K), p.planes(K)
     grid = (gpu.blocks(N, p.bm), -(-tiles // p.tiles), planes)
     ints = tuple(np.int32(v) for v in (N, K, OUT, tiles, span))
-    kernel = m.get_function("fc_split3")
     shared = 0 if gpu.cuda_c_on_cpu() else p.shared_bytes  # the emulation's shared array has its size in the source
-    if planes == 1:
-        gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, out, *ints, np.int32(1)), shared_bytes=shared)
-        return
-    part = gpu.buffer("fc_split3: partial sums", (planes, N, OUT))
-    gpu.launch_raw(kernel, grid, p.threads, (x, wsp, b, part, *ints, np.int32(0)), shared_bytes=shared)
-    gpu.launch_raw(m.get_function("fc_cuda_sum"), gpu.blocks(N * OUT, gemm_cuda.SUM_BLOCK), gemm_cuda.SUM_BLOCK,
-                   (part, b, out, np.int32(N), np.int32(OUT), np.int32(planes)))
+    gemm_cuda.launch_split_k(m, "fc_split3", grid, p.threads, (x, wsp), b, out, ints, planes,
+                             "fc_split3: partial sums", shared_bytes=shared)
 
 
 def fc_split3(x, w, b, out, config: str | Config = DEFAULT) -> None:

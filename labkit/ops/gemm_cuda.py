@@ -362,12 +362,21 @@ def launch(p: Plan, x, w, b, out) -> None:
     span, planes = p.span(K), p.planes(K)
     grid = (gpu.blocks(OUT, p.bn), gpu.blocks(N, p.bm), planes)
     ints = tuple(np.int32(v) for v in (N, K, OUT, span))
-    tiles = m.get_function("fc_cuda_tiles")
+    launch_split_k(m, "fc_cuda_tiles", grid, p.threads, (x, w), b, out, ints, planes, "fc_cuda: partial sums")
+
+
+def launch_split_k(m, name: str, grid, threads: int, head: tuple, b, out, ints: tuple, planes: int, role: str,
+                   shared_bytes: int = 0) -> None:
+    """Module ``m``'s split-K kernel ``name`` (arguments ``*head, b, dst, *ints, add_bias``): with one split into
+    ``out`` with the bias, else into ``planes`` pooled planes (``role``) that ``fc_cuda_sum`` (``SUM_SOURCE``, in
+    ``m``) adds with the bias. The kit's every split-K fc in CUDA C launches through here."""
+    N, OUT = out.shape
+    kernel = m.get_function(name)
     if planes == 1:
-        gpu.launch_raw(tiles, grid, p.threads, (x, w, b, out, *ints, np.int32(1)))
+        gpu.launch_raw(kernel, grid, threads, (*head, b, out, *ints, np.int32(1)), shared_bytes=shared_bytes)
         return
-    part = gpu.buffer("fc_cuda: partial sums", (planes, N, OUT))
-    gpu.launch_raw(tiles, grid, p.threads, (x, w, b, part, *ints, np.int32(0)))
+    part = gpu.buffer(role, (planes, N, OUT))
+    gpu.launch_raw(kernel, grid, threads, (*head, b, part, *ints, np.int32(0)), shared_bytes=shared_bytes)
     gpu.launch_raw(m.get_function("fc_cuda_sum"), gpu.blocks(N * OUT, SUM_BLOCK), SUM_BLOCK,
                    (part, b, out, np.int32(N), np.int32(OUT), np.int32(planes)))
 
