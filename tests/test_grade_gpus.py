@@ -149,7 +149,7 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     class Context:
         def __init__(self, *args):
             made.append(args)
-            self.turns, self.limits = run.Turns(), {}
+            self.turns, self.limits, self.reference_jobs, self.shared = run.Turns(), {}, {"01 gpu1": {"seconds": 1}}, None
 
         def partners(self):
             return {"01 gpu1": {"starts": 1}}
@@ -170,6 +170,7 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     here = cluster.worker_summary()
     assert here["gpu"] == "1" and here["turns"] == 0 and here["pid"] == os.getpid() and here["time_limits"] == {}
     assert here["reference_partners"] == {"01 gpu1": {"starts": 1}}  # the report says what each worker's did
+    assert here["reference_jobs"] == {"01 gpu1": {"seconds": 1}}
 
 
 def test_each_dask_cuda_worker_times_on_a_kept_core_of_its_own(monkeypatch):

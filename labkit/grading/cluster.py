@@ -9,9 +9,10 @@ parent as they finish (the progress bar follows them) and are put in the single 
 is the single machine's, up to the measured times.
 
 On a dask-cuda worker (``LocalCUDACluster``: one worker process per GPU, its ``CUDA_VISIBLE_DEVICES`` starting with
-its own GPU) every job's child is pinned to that GPU, and the worker's context, made once, holds that GPU's reference
-jobs and its turns (``labkit.grading.turns``): a timed phase stops every other job of the worker, so no other job's
-work runs on its device; the workers of other GPUs run on.
+its own GPU) every job's child is pinned to that GPU, and the worker's context, made once, holds that GPU's partners
+and its turns (``labkit.grading.turns``): a timed phase stops every other job of the worker, so no other job's work
+runs on its device; the workers of other GPUs run on. A stage's reference job runs once for all the workers where a
+partner times the reference on each GPU (``labkit.grading.shared_reference``), else once on each GPU.
 
 The submissions, the solutions and the rubric must be readable by the workers at the same paths (a shared file
 system, as on any Slurm cluster; a LocalCluster shares this machine's).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +33,7 @@ from .backlog import Backlog
 from .cores import Cores
 from .isolation import by_mode
 from .rubric import GradeError, load_rubric
+from .shared_reference import SharedReferences, run_key
 from .turns import merged
 
 #: dask-jobqueue's cluster classes, by the name --cluster takes
@@ -188,6 +191,10 @@ def _context(spec: dict):
                           iso)
             if info.kind == "gpu" and worker_gpu() is not None and spec.get("gpus"):
                 ctx.turns.cores = kept_core(spec["gpus"])
+            if spec.get("run"):  # a stage's reference job once for the run's workers, where no score hangs on its GPU
+                gpu = worker_gpu() if spec.get("gpus") else None
+                ctx.shared = SharedReferences(spec["run"], f"gpu{gpu}" if gpu is not None else
+                                              f"{os.uname().nodename}:{os.getpid()}")
             _contexts[key] = ctx
         return _contexts[key]
 
@@ -210,9 +217,10 @@ def worker_summary() -> dict:
         limits = {stage: lim for ctx in _contexts.values() for stage, lim in ctx.limits.items()}
         kept = next((ctx.turns.cores for ctx in _contexts.values() if getattr(ctx.turns, "cores", None)), None)
         partners = {k: v for ctx in _contexts.values() for k, v in ctx.partners().items()}
+        references = {k: v for ctx in _contexts.values() for k, v in ctx.reference_jobs.items()}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"host": os.uname().nodename, "pid": os.getpid(), "gpu": worker_gpu(), "cpus": cpus, **summary,
-            "time_limits": limits, **({"cores": kept.describe()} if kept else {}),
+            "time_limits": limits, "reference_jobs": references, **({"cores": kept.describe()} if kept else {}),
             **({"reference_partners": partners} if partners else {})}
 
 
@@ -261,7 +269,7 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
     a resource (threads) is graded again at the end, alone on the cluster, as ``run.run_local`` does. Also returns
     the description of the cluster and each worker's turns (``worker_summary``: {worker address: summary})."""
     spec = {**spec, "rubric": str(Path(spec["rubric"]).resolve()) if spec["rubric"] else None,
-            "solutions": str(Path(spec["solutions"]).resolve())}
+            "solutions": str(Path(spec["solutions"]).resolve()), "run": uuid.uuid4().hex}
     client, cluster, where = connect(spec_str, spec.get("gpus"), spec.get("per_gpu", 1))
     rows: list = [None] * len(tasks)
 
@@ -301,6 +309,7 @@ def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callabl
         try:
             client.run(close_partners)
             by_worker = client.run(worker_summary)
+            client.set_metadata(run_key(spec["run"]), {})  # the run's shared reference jobs
         except Exception:  # noqa: BLE001 - a worker gone by now: its turns are not known, its rows are there
             by_worker = {}
     finally:

@@ -25,6 +25,7 @@ from .partner import Partner, paired
 from .plan import References, StagePlan, plan_stage
 from .rubric import Rubric
 from .sandbox import linger_long as sandbox_linger
+from .shared_reference import SharedReferences
 from .turns import Turns
 
 
@@ -90,6 +91,7 @@ class Context:
         self.cache = cache  # reference jobs of earlier runs (labkit.grading.refcache); None: each runs here
         self.reference_jobs: dict[str, dict] = {}  # "04" (or "04 gpu1") -> its seconds, phases, whether cached
         self._partners: dict[tuple, Partner] = {}  # (stage, device) -> the reference timed in students' turns
+        self.shared: SharedReferences | None = None  # a cluster's: each deferred reference job once for all workers
 
     def partner(self, plan: StagePlan, env_extra: dict | None = None) -> Partner | None:
         """The stage's partner on this device (``labkit.grading.partner``), started now if it is not running; None
@@ -137,7 +139,9 @@ class Context:
         (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``
         times its wall time, at least ``limits.min_time_s``, at most the rubric's limit (``time_factor = 0``: the
         rubric's limit as it is, and no reference job where op time is not measured). The timing is None where op
-        time is not measured. ``wait=False``: None at once where another slot is measuring it now."""
+        time is not measured. A stage whose students do not wait for it (``defers_reference``) on a cluster
+        (``shared``): once for every worker with this device's model (``labkit.grading.shared_reference``).
+        ``wait=False``: None at once where another slot (or worker) is measuring it now."""
         lim = plan.rubric["limits"]
         if not plan.measured and not lim["time_factor"]:
             return None, plan.time_limit
@@ -152,14 +156,22 @@ class Context:
                 def measure() -> ReferenceTiming:
                     return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
 
-                began = time.time()
-                self._timings[key] = self.cache.reference(plan, self.refs, env, measure) if self.cache else measure()
+                began, by = time.time(), None
+                if self.shared is not None and self.defers_reference(plan):  # once for the cluster's workers
+                    got = self.shared.get(plan.stage.number, device.info().name, measure, wait)
+                    if got is None:  # another worker measures it now
+                        return None
+                    self._timings[key], by = got
+                else:
+                    self._timings[key] = self.cache.reference(plan, self.refs, env, measure) if self.cache else \
+                        measure()
                 where = key[0] + (f" gpu{key[1]}" if key[1] is not None else "")
                 self.reference_jobs[where] = {"seconds": round(self._timings[key].seconds, 1),
                                               "ran": [round(began, 2), round(time.time(), 2)],  # wall clock
                                               "phases_s": self._timings[key].phases_s,
                                               "attempts": self._timings[key].attempts,
-                                              **(self.cache.stages.get(where, {}) if self.cache else {})}
+                                              **(self.cache.stages.get(where, {}) if self.cache else {}),
+                                              **({"measured_by": by} if by is not None else {})}
         finally:
             lock.release()
         ref = self._timings[key]
