@@ -84,6 +84,36 @@ def test_the_comparison_holds_the_runs_to_the_goals(tmp_path):
     assert any("1.67x as fast" in m for m in missed)
 
 
+def test_the_comparison_says_where_each_runs_time_went(tmp_path):
+    """Each run's jobs' own phases summed, its reference jobs run (a worker that read another's ran none) and its
+    core-speed probes: what made two GPUs slower than twice one on two H200s (results/h200x2-2026-11-28/)."""
+    def row(student, phases, probes):
+        return {"student": student, "ratio": 1.0, "details": {"phases_s": phases, "turn": {"attempts": [
+            {"attempt": k, "speed_us": p} for k, p in enumerate(probes)]}}}
+
+    one = [row("a", {"start": 2.0, "checks": 10.0, "waiting": 5.0}, [400.0]),
+           row("b", {"start": 2.0, "checks": 6.0}, [420.0, 440.0])]
+    two = [row("a", {"start": 2.5, "checks": 12.0, "waiting": 1.0}, [500.0]),
+           row("b", {"start": 2.5, "checks": 8.0}, [700.0, 520.0])]
+    _runs(tmp_path, one, two)
+    reports = {run: json.loads((tmp_path / run / "grades.json").read_text()) for run in demo.RUNS}
+    reports["one_gpu"]["meta"]["turns"]["by_worker"] = {"w0": {"reference_jobs": {"05 gpu0": {"measured_by": "gpu0"},
+                                                                                  "06 gpu0": {}}}}
+    reports["two_gpus"]["meta"]["turns"]["by_worker"] = {
+        "w0": {"reference_jobs": {"05 gpu0": {"measured_by": "gpu1"}, "06 gpu0": {"measured_by": "gpu0"}}},
+        "w1": {"reference_jobs": {"05 gpu1": {"measured_by": "gpu1"}, "06 gpu1": {"measured_by": "gpu0"}}}}
+    for run, rep in reports.items():
+        (tmp_path / run / "grades.json").write_text(json.dumps(rep))
+    demo.main([str(tmp_path), "--compare"])
+    work = json.loads((tmp_path / "comparison.json").read_text())["work"]
+    assert work["one_gpu"]["jobs_s"] == 20.0 and work["two_gpus"]["jobs_s"] == 25.0  # waiting is not work
+    assert work["two_gpus"]["phases_s"] == {"start": 5.0, "checks": 20.0}
+    assert work["one_gpu"]["reference_jobs_run"] == 2 and work["two_gpus"]["reference_jobs_run"] == 2
+    assert work["one_gpu"]["probe_us"] == {"attempts": 3, "median": 420.0, "fastest": 400.0}
+    assert work["two_gpus"]["probe_us"] == {"attempts": 3, "median": 520.0, "fastest": 500.0}
+    assert "| two_gpus | 25.0 | 2 | 520.0 | 500.0 | 3 |" in (tmp_path / "comparison.md").read_text()
+
+
 def test_a_run_in_parts_is_compared_only_once_whole(tmp_path):
     _runs(tmp_path, [{"student": "a", "ratio": 1.0}], [{"student": "a", "ratio": 1.0}])
     record = json.loads((tmp_path / "two_gpus.json").read_text())

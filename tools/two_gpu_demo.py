@@ -219,6 +219,28 @@ def _gpu_counts(rows: list[dict]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def work(report: dict) -> dict:
+    """Where one run's time went, beside its wall: the jobs' own phases summed (``details.phases_s``: the same work
+    takes longer on a busier host), how many reference jobs ran (a worker that read another's did not run one), and
+    the core-speed probe of every timed attempt (``details.turn.attempts``: the same loop on the kept core, slower
+    when the host's cores are)."""
+    rows = [r for r in report["rows"] if r["status"] != "missing"]
+    phases: dict[str, float] = {}
+    for r in rows:
+        for k, v in ((r.get("details") or {}).get("phases_s") or {}).items():
+            if k != "waiting":
+                phases[k] = phases.get(k, 0.0) + v
+    probes = sorted(a["speed_us"] for r in rows for a in ((r.get("details") or {}).get("turn") or {}).get("attempts", [])
+                    if isinstance(a.get("speed_us"), (int, float)))
+    workers = (report["meta"].get("turns") or {}).get("by_worker") or {}
+    ran = {(k.split()[0], v.get("measured_by", w)) for w, s in workers.items()
+           for k, v in (s.get("reference_jobs") or {}).items()}
+    return {"jobs_s": round(sum(phases.values()), 1), "phases_s": {k: round(v, 1) for k, v in phases.items()},
+            "reference_jobs_run": len(ran),
+            "probe_us": {"attempts": len(probes), "median": probes[len(probes) // 2] if probes else None,
+                         "fastest": probes[0] if probes else None}}
+
+
 def compare(out: Path) -> dict:
     reports = {run: json.loads((out / run / "grades.json").read_text()) for run in RUNS}
     walls = {run: json.loads((out / f"{run}.json").read_text()) for run in RUNS}
@@ -266,6 +288,7 @@ def compare(out: Path) -> dict:
                                                                        if k != "rule"}}
                   for run, w in walls.items()},
         "speedup": speedup, "goals": GOALS, "missed": missed, "simulated": simulated,
+        "work": {run: work(rep) for run, rep in reports.items()},
         "rows_per_gpu": {run: _gpu_counts(rep["rows"]) for run, rep in reports.items()},
         "device": meta["two_gpus"]["device"], "gpus": meta["two_gpus"]["environment"].get("gpus"),
         "seed": meta["two_gpus"]["seed"], "dates": {run: m["date"] for run, m in meta.items()},
@@ -358,6 +381,13 @@ def markdown(result: dict) -> str:
         lines.append(f"| {run} | {w['gpus']} | {w['jobs']} | {w['wall_s']} | {len(w['parts'])} | "
                      f"{w['turns'].get('turns')} | {w['turns'].get('longest_wait_s')} | "
                      f"{result['rows_per_gpu'][run]} |")
+    lines += ["", "Where the time went: the jobs' own phases summed (waiting aside), the reference jobs that ran, the "
+              "timing's core-speed probe (the same loop on the kept core; slower when the host is busier).", "",
+              "| run | jobs' phases (s) | reference jobs run | probe median (µs) | probe fastest (µs) | attempts |",
+              "|---|---|---|---|---|---|"]
+    for run, w in result["work"].items():
+        lines.append(f"| {run} | {w['jobs_s']} | {w['reference_jobs_run']} | {w['probe_us']['median']} | "
+                     f"{w['probe_us']['fastest']} | {w['probe_us']['attempts']} |")
     spread = result["largest_ratio_spread"]
     lines += ["", f"Two GPUs: {result['speedup']}x as fast as one (goal: at least {GOALS['speedup']}x).",
               f"Op-time ratios compared: {result['ratios_compared']}; the largest max/min - 1: "
