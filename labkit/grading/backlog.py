@@ -4,7 +4,8 @@ On two H100s a class of 60 jobs ran 1.55x as fast as on one, not 1.8x: its slots
 last stage-06 and stage-09 jobs (40-77 s each, where most jobs take 10-25 s) ran alone (results/h100x2-2026-11-27c).
 So the longest jobs go first (longest processing time first: what is left at the end is short): a stage's cost is
 the mean wall time of its jobs done so far in this run; a stage none of whose jobs has been seen yet comes before
-any (its reference job starts early, and its cost is then known); ties keep the tasks' order. A task that would only
+any (its reference job starts early, and its cost is then known); ties keep the tasks' order (a stage's reference
+task, ``context.reference_tasks``, comes before its students'). A task that would only
 wait for its stage's reference job, running in another slot, is passed over while another is left.
 """
 
@@ -40,7 +41,8 @@ class Backlog:
             return i
 
     def done(self, i: int, row: dict) -> None:
-        """Task ``i`` gave ``row``: its wall time, without its stage's reference job, counts for its stage."""
+        """Task ``i`` gave ``row``: its wall time, without its stage's reference job, counts for its stage (a
+        reference task's, ``context.reference_tasks``, is the stage's first measure of what its jobs cost)."""
         ran = (row.get("details") or {}).get("ran")
         if self.tasks[i]["notebook"] is None or not isinstance(ran, dict):
             return

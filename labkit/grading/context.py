@@ -210,9 +210,30 @@ def grader_error_row(ctx: Context, task: dict, message: str, trace: str = "") ->
     return row
 
 
+def reference_tasks(ctx: Context, tasks: list[dict]) -> list[dict]:
+    """A task of its own for each stage whose students do not wait for its reference job (``defers_reference``),
+    put before the students' (``backlog.Backlog`` then starts it first): the job gets a slot of its own instead of
+    running ahead of a student's job in that student's slot, where the two made the longest chain of a class on two
+    H200s (105 s of stage 06's reference job, then 85 s of the student's; results/h200x2-2026-11-28). It gives no
+    row (``is_reference``)."""
+    return [{"reference": True, "student": "(reference solution)", "stage": n, "notebook": str(ctx.plans[n].solution),
+             "seed": 0} for n in ctx.plans if ctx.defers_reference(ctx.plans[n])
+            and any(t["stage"] == n and t["notebook"] is not None for t in tasks)]
+
+
+def is_reference(task: dict) -> bool:
+    return bool(task.get("reference"))
+
+
 def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
-    """One (student, stage): a child under its limits, or the row saying why there was none."""
+    """One (student, stage): a child under its limits, or the row saying why there was none. A reference task
+    (``reference_tasks``) measures its stage's reference job (or reads it, where another worker did) and gives no
+    row, only what its slot did (``details.ran``)."""
     plan = ctx.plans[task["stage"]]
+    if is_reference(task):
+        began = time.time()
+        ctx.reference(plan, env_extra)
+        return {"reference": task["stage"], "details": {"ran": {"from": round(began, 2), "to": round(time.time(), 2)}}}
     if task["notebook"] is None:
         return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
     job = GradingJob(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
@@ -225,7 +246,8 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     began, reference_s = time.time(), None  # the job's span on the wall clock; the part of it its reference took
     deferred = False  # the reference job ran in another slot meanwhile, its result read once this job had run
     try:
-        ref = ctx.reference(plan, env_extra, wait=not ctx.defers_reference(plan))
+        # a stage whose students do not wait for it: measured by its own task (``reference_tasks``), read after
+        ref = None if ctx.defers_reference(plan) else ctx.reference(plan, env_extra)
         deferred = ref is None
         if deferred:  # measured in another slot now: its result is read once the job has run
             job.use_reference(None, plan.time_limit)

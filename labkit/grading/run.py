@@ -27,8 +27,10 @@ from .context import (  # noqa: F401
     fresh_seed,
     grade_task,
     grader_error_row,
+    is_reference,
     job_seed,
     missing_row,
+    reference_tasks,
     sandbox_refusal,
     simulator_if_no_driver,
 )
@@ -300,12 +302,15 @@ def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], 
     lock = threading.Lock()
 
     def on_row(task: dict, row: dict) -> None:
+        if is_reference(task):  # a stage's reference job, in a slot of its own: no student's row
+            return
         with lock:
             left[task["student"]] -= 1
             if left[task["student"]] == 0:
                 bar.update()
                 bar.set_postfix_str(task["student"][:20])
 
+    tasks = reference_tasks(ctx, tasks) + tasks  # each in a slot of its own, first; they give no row
     if cluster:
         rows, where, by_worker = dask_cluster.run_on_cluster(cluster, spec, tasks, on_row,
                                                              lambda task: grade_task(ctx, task),
@@ -327,7 +332,7 @@ def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], 
         turns = {**ctx.turns.summary(),
                  **({"cores": ctx.turns.cores.describe()} if ctx.turns.cores is not None else {})}
     bar.close()
-    return rows, where, turns
+    return [row for task, row in zip(tasks, rows) if not is_reference(task)], where, turns
 
 
 def _meta(run: dict, command: str | None, rows: list[dict]) -> dict:
