@@ -144,3 +144,20 @@ def test_the_slots_plot_lays_each_gpus_jobs_on_as_few_lanes_as_hold_them(tmp_pat
     assert (tmp_path / "two_gpus_slots.png").stat().st_size > 10_000
     assert busy["0"] == {"slots": 2, "span_s": 70.0, "busy": round((60 + 60 + 10) / (2 * 70), 3)}
     assert busy["1"]["busy"] == 1.0
+
+
+def test_a_reference_job_in_a_slot_of_its_own_is_laid_once(tmp_path):
+    """A reference job run as a task of its own (labkit.grading.context.reference_tasks) has no row: its slot comes
+    from the worker that measured it (``measured_by``); one run inside a student's slot is in that row already, and
+    one another worker measured is that worker's."""
+    rows = [_row("a", "06", "0", 100.0, 160.0, reference_s=40.0), _row("b", "09", "0", 100.0, 130.0)]
+    meta = {"turns": {"by_worker": {
+        "w0": {"gpu": "0", "reference_jobs": {"06 gpu0": {"measured_by": "gpu0", "ran": [100.2, 140.0]},
+                                              "09 gpu0": {"measured_by": "gpu0", "ran": [100.0, 150.0]},
+                                              "05 gpu0": {"measured_by": "gpu1", "ran": [100.0, 101.0]}}},
+        "w1": {"gpu": "1", "reference_jobs": {"05 gpu1": {"measured_by": "gpu1", "ran": [100.0, 120.0]}}}}}}
+    laid = demo.lanes(rows, meta)
+    whats = {gpu: sorted(s["what"] + " " + s["stage"] for lane in ls for s in lane) for gpu, ls in laid.items()}
+    assert whats == {"0": ["(reference solution) 09", "a 06", "b 09"], "1": ["(reference solution) 05"]}
+    ref = next(s for lane in laid["0"] for s in lane if s["what"].startswith("(reference"))
+    assert ref["reference_s"] == 50.0 and len(laid["0"]) == 3  # hatched whole, in a slot of its own

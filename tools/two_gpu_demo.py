@@ -299,10 +299,24 @@ def compare(out: Path) -> dict:
     return result
 
 
-def lanes(rows: list[dict]) -> dict[str, list[list[dict]]]:
+def reference_spans(meta: dict) -> list[tuple[str, dict]]:
+    """The reference jobs that ran in slots of their own (``context.reference_tasks``), as (GPU, span): each
+    worker's ``reference_jobs`` that it measured itself (``measured_by`` its own GPU)."""
+    found = []
+    for worker in ((meta.get("turns") or {}).get("by_worker") or {}).values():
+        gpu = str(worker.get("gpu"))
+        for key, job in (worker.get("reference_jobs") or {}).items():
+            if job.get("measured_by") == f"gpu{gpu}" and job.get("ran"):
+                found.append((gpu, {"from": job["ran"][0], "to": job["ran"][1], "reference_s": job["ran"][1] -
+                                    job["ran"][0], "stage": key.split()[0], "what": "(reference solution)"}))
+    return found
+
+
+def lanes(rows: list[dict], meta: dict | None = None) -> dict[str, list[list[dict]]]:
     """Each GPU's jobs (their ``details.ran``, on the wall clock) laid out on as few lanes as hold them without
     overlap: {gpu: [lane, ...]}, each lane a list of spans. The lanes are the run's job slots as they were used: a
-    gap in a lane is a slot that stood idle."""
+    gap in a lane is a slot that stood idle. With ``meta``, the reference jobs that ran in slots of their own too
+    (one run inside a student's slot is part of that student's span already)."""
     spans: dict[str, list[dict]] = {}
     for r in rows:
         ran = (r.get("details") or {}).get("ran")
@@ -310,6 +324,11 @@ def lanes(rows: list[dict]) -> dict[str, list[list[dict]]]:
             spans.setdefault(str(r["details"].get("gpu")), []).append(
                 {"from": ran["from"], "to": ran["to"], "reference_s": ran.get("reference_s", 0.0), "stage": r["stage"],
                  "what": r["student"]})
+    for gpu, ref in reference_spans(meta or {}):
+        inside = any(s["from"] <= ref["from"] + 0.5 and s["to"] >= ref["to"] - 0.5 and s["reference_s"] > 0.5
+                     and s["stage"] == ref["stage"] for s in spans.get(gpu, []))
+        if not inside:
+            spans.setdefault(gpu, []).append(ref)
     laid: dict[str, list[list[dict]]] = {}
     for gpu, todo in sorted(spans.items()):
         ends: list[float] = []
@@ -327,7 +346,8 @@ def lanes(rows: list[dict]) -> dict[str, list[list[dict]]]:
 
 def draw_slots(out: Path, run: str) -> dict:
     """OUT/<run>_slots.png: every job of the run as a bar on its GPU's slots (its stage's colour; the hatched part
-    is its stage's reference job, run or waited for), and each GPU's busy share: the jobs' seconds over its slots
+    is its stage's reference job, run or waited for; a reference job in a slot of its own is hatched whole), and
+    each GPU's busy share: the jobs' seconds over its slots
     times the span from the first job to the last. Returns {gpu: {"slots", "span_s", "busy"}}."""
     import matplotlib
 
@@ -335,7 +355,7 @@ def draw_slots(out: Path, run: str) -> dict:
     import matplotlib.pyplot as plt
 
     report = json.loads((out / run / "grades.json").read_text())
-    laid = lanes(report["rows"])
+    laid = lanes(report["rows"], report.get("meta"))
     if not laid:
         return {}
     start = min(s["from"] for ls in laid.values() for lane in ls for s in lane)
