@@ -126,3 +126,37 @@ def test_two_workers_contexts_share_a_deferred_reference_job_only(client, tmp_pa
     assert ran == ["0", "1"][:measured]
     second = workers[1].reference_jobs["01 gpu1"]
     assert second.get("measured_by") == ("gpu0" if measured == 1 else None)
+
+
+@pytest.mark.parametrize("time_factor", [0, 3])
+def test_a_stage_whose_students_do_not_wait_gets_a_reference_task_of_its_own(tmp_path, time_factor):
+    """``context.reference_tasks``: one per stage whose students start before its reference job (the limit the
+    rubric's, a partner timing every student), only where a student handed the stage in; none where the reference
+    job's wall time sets the limit (its students wait for it, and the first of them runs it)."""
+    ctx = context.Context(["01"], load_rubric(_rubric(tmp_path, time_factor)), REPO / "solutions", False, True)
+    tasks = [{"student": "ann", "stage": "01", "notebook": "ann.ipynb"}]
+    made = context.reference_tasks(ctx, tasks)
+    if time_factor:
+        assert made == []
+        return
+    assert len(made) == 1 and context.is_reference(made[0]) and made[0]["stage"] == "01"
+    assert made[0]["notebook"] == str(ctx.plans["01"].solution) and not context.is_reference(tasks[0])
+    assert context.reference_tasks(ctx, [{**tasks[0], "notebook": None}]) == []  # nobody handed it in
+
+
+def test_a_reference_task_gives_no_row_and_a_failure_does_not_end_the_run(tmp_path, monkeypatch):
+    ctx = context.Context(["01"], load_rubric(_rubric(tmp_path, 0)), REPO / "solutions", False, True)
+    task = context.reference_tasks(ctx, [{"student": "ann", "stage": "01", "notebook": "ann.ipynb"}])[0]
+    monkeypatch.setattr(context, "reference_job", lambda *a, **k: _timing(4.0))
+    done = context.grade_task(ctx, task)
+    assert done["reference"] == "01" and "error" not in done["details"] and "status" not in done
+    assert ctx.reference_jobs["01"]["seconds"] == 4.0
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the grader's own machinery failed")
+
+    ctx = context.Context(["01"], load_rubric(_rubric(tmp_path, 0)), REPO / "solutions", False, True)
+    monkeypatch.setattr(context, "reference_job", broken)
+    done = context.grade_task(ctx, task)  # said, not raised: each student's job tries again, its row says why
+    assert done["details"]["error"] == "RuntimeError: the grader's own machinery failed"
+    assert done["details"]["ran"]["to"] >= done["details"]["ran"]["from"]

@@ -231,9 +231,13 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     row, only what its slot did (``details.ran``)."""
     plan = ctx.plans[task["stage"]]
     if is_reference(task):
-        began = time.time()
-        ctx.reference(plan, env_extra)
-        return {"reference": task["stage"], "details": {"ran": {"from": round(began, 2), "to": round(time.time(), 2)}}}
+        began, details = time.time(), {}
+        try:
+            ctx.reference(plan, env_extra)
+        except Exception as exc:  # noqa: BLE001 - the grader's own failure: each student's job tries it again, and
+            details["error"] = f"{type(exc).__name__}: {exc}"  # a failure there is that row's grader error
+        details["ran"] = {"from": round(began, 2), "to": round(time.time(), 2)}
+        return {"reference": task["stage"], "details": details}
     if task["notebook"] is None:
         return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
     job = GradingJob(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
