@@ -171,6 +171,12 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     assert here["gpu"] == "1" and here["turns"] == 0 and here["pid"] == os.getpid() and here["time_limits"] == {}
     assert here["reference_partners"] == {"01 gpu1": {"starts": 1}}  # the report says what each worker's did
     assert here["reference_jobs"] == {"01 gpu1": {"seconds": 1}}
+    # a run's key for its shared reference jobs, this run's even where the worker outlives a run (a long-lived
+    # scheduler): the context is not made again
+    for run_id in ("run-a", "run-b"):
+        ctx = cluster._context({**spec, "run": run_id})
+        assert ctx is got[0] and ctx.shared.run == run_id and ctx.shared.label == "gpu1"
+    assert len(made) == 1
 
 
 def test_each_dask_cuda_worker_times_on_a_kept_core_of_its_own(monkeypatch):

@@ -191,12 +191,15 @@ def _context(spec: dict):
                           iso)
             if info.kind == "gpu" and worker_gpu() is not None and spec.get("gpus"):
                 ctx.turns.cores = kept_core(spec["gpus"])
-            if spec.get("run"):  # a stage's reference job once for the run's workers, where no score hangs on its GPU
-                gpu = worker_gpu() if spec.get("gpus") else None
-                ctx.shared = SharedReferences(spec["run"], f"gpu{gpu}" if gpu is not None else
-                                              f"{os.uname().nodename}:{os.getpid()}")
             _contexts[key] = ctx
-        return _contexts[key]
+        ctx = _contexts[key]
+        if spec.get("run") and (ctx.shared is None or ctx.shared.run != spec["run"]):
+            # a stage's reference job once for this run's workers, where no score hangs on its GPU (a worker of a
+            # long-lived scheduler keeps its context from run to run; the run's key is this run's)
+            gpu = worker_gpu() if spec.get("gpus") else None
+            ctx.shared = SharedReferences(spec["run"], f"gpu{gpu}" if gpu is not None else
+                                          f"{os.uname().nodename}:{os.getpid()}")
+        return ctx
 
 
 def kept_core(gpus: list) -> "Cores":
