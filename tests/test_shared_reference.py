@@ -45,21 +45,22 @@ def test_the_first_worker_measures_and_the_others_read_its_result(client):
         return _timing(61.5)
 
     got = {}
-    first = threading.Thread(target=lambda: got.setdefault("a", a.get("06", "H100", slow_measure, wait=False)))
+    first = threading.Thread(target=lambda: got.setdefault("a", a.get("06", "H100", slow_measure)))
     first.start()
     assert started.wait(30)
-    # while gpu0 measures: gpu1 does not wait (its student runs first) and does not measure it again
-    assert b.get("06", "H100", lambda: calls.append("gpu1") or _timing(1.0), wait=False) is None
+    # while gpu0 measures: gpu1 waits for its result and does not measure it again
     second = threading.Thread(target=lambda: got.setdefault("b", b.get("06", "H100", lambda: calls.append("gpu1")
                                                                        or _timing(1.0))))
     second.start()
+    second.join(1.0)
+    assert second.is_alive() and "b" not in got
     release.set()
     first.join(30)
     second.join(30)
     assert calls == ["gpu0"]
     assert got["a"] == (_timing(61.5), "gpu0") and got["b"] == (_timing(61.5), "gpu0")  # every field, as measured
     # a later read is at once, by anyone
-    assert b.get("06", "H100", lambda: calls.append("again") or _timing(1.0), wait=False) == (_timing(61.5), "gpu0")
+    assert b.get("06", "H100", lambda: calls.append("again") or _timing(1.0)) == (_timing(61.5), "gpu0")
     assert calls == ["gpu0"]
 
 

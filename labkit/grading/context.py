@@ -133,15 +133,14 @@ class Context:
         return not plan.rubric["limits"]["time_factor"] and plan.measured and paired(plan)
 
 
-    def reference(self, plan: StagePlan, env_extra: dict | None = None,
-                  wait: bool = True) -> tuple[ReferenceTiming | None, float] | None:
+    def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
         """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
         (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``
         times its wall time, at least ``limits.min_time_s``, at most the rubric's limit (``time_factor = 0``: the
         rubric's limit as it is, and no reference job where op time is not measured). The timing is None where op
         time is not measured. A stage whose students do not wait for it (``defers_reference``) on a cluster
-        (``shared``): once for every worker with this device's model (``labkit.grading.shared_reference``).
-        ``wait=False``: None at once where another slot (or worker) is measuring it now."""
+        (``shared``): once for every worker with this device's model (``labkit.grading.shared_reference``). Another
+        slot (or worker) measuring it now: its result, once it has."""
         lim = plan.rubric["limits"]
         if not plan.measured and not lim["time_factor"]:
             return None, plan.time_limit
@@ -149,19 +148,14 @@ class Context:
         key = _reference_key(plan.stage.number, env)
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
-        if not lock.acquire(blocking=wait):
-            return None
-        try:
+        with lock:
             if key not in self._timings:
                 def measure() -> ReferenceTiming:
                     return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
 
                 began, by = time.time(), None
                 if self.shared is not None and self.defers_reference(plan):  # once for the cluster's workers
-                    got = self.shared.get(plan.stage.number, device.info().name, measure, wait)
-                    if got is None:  # another worker measures it now
-                        return None
-                    self._timings[key], by = got
+                    self._timings[key], by = self.shared.get(plan.stage.number, device.info().name, measure)
                 else:
                     self._timings[key] = self.cache.reference(plan, self.refs, env, measure) if self.cache else \
                         measure()
@@ -172,8 +166,6 @@ class Context:
                                               "attempts": self._timings[key].attempts,
                                               **(self.cache.stages.get(where, {}) if self.cache else {}),
                                               **({"measured_by": by} if by is not None else {})}
-        finally:
-            lock.release()
         ref = self._timings[key]
         limit = plan.time_limit
         if lim["time_factor"] and not ref.error:
@@ -248,15 +240,14 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
                                            f"{ctx.stuck[job.device]}, which never ended (a GPU kernel that never "
                                            f"returns): regrade this row on a machine whose GPU is free")
     began, reference_s = time.time(), None  # the job's span on the wall clock; the part of it its reference took
-    deferred = False  # the reference job ran in another slot meanwhile, its result read once this job had run
+    # a stage whose students do not wait for it: measured by its own task (``reference_tasks``), read once this
+    # job has run
+    deferred = ctx.defers_reference(plan)
     try:
-        # a stage whose students do not wait for it: measured by its own task (``reference_tasks``), read after
-        ref = None if ctx.defers_reference(plan) else ctx.reference(plan, env_extra)
-        deferred = ref is None
-        if deferred:  # measured in another slot now: its result is read once the job has run
+        if deferred:
             job.use_reference(None, plan.time_limit)
         else:
-            job.use_reference(*ref)
+            job.use_reference(*ctx.reference(plan, env_extra))
             reference_s = time.time() - began  # the first job of a stage runs it; the others wait for it meanwhile
         job.partner = ctx.partner(plan, env_extra) if job.outcome.grader_error is None else None
         job.run()

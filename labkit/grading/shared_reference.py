@@ -51,25 +51,19 @@ class SharedReferences:
         value = self.client.get_metadata(key, default=None)
         return (ReferenceTiming(**value["timing"]), value["by"]) if value else None
 
-    def get(self, stage: str, device_name: str, measure: Callable[[], ReferenceTiming],
-            wait: bool = True) -> tuple[ReferenceTiming, str] | None:
-        """The stage's reference on this device model: read when a worker measured it already, else measured here
-        (``measure()``) and kept for the others. ``wait=False``: None at once while another worker measures it."""
+    def get(self, stage: str, device_name: str, measure: Callable[[], ReferenceTiming]) -> tuple[ReferenceTiming, str]:
+        """The stage's reference on this device model: read when a worker measured it already (or once the one
+        measuring it now has), else measured here (``measure()``) and kept for the others."""
         from distributed import Lock
 
         key = self._key(stage, device_name)
         found = self._read(key)
         if found is not None:
             return found
-        lock = Lock("-".join(key))
-        if not lock.acquire(blocking=wait):
-            return None
-        try:
+        with Lock("-".join(key)):
             found = self._read(key)  # measured while this worker waited for the lock
             if found is not None:
                 return found
             timing = measure()
             self.client.set_metadata(key, {"timing": _plain(timing), "by": self.label})
             return timing, self.label
-        finally:
-            lock.release()
