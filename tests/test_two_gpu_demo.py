@@ -114,6 +114,18 @@ def test_the_comparison_says_where_each_runs_time_went(tmp_path):
     assert "| two_gpus | 25.0 | 2 | 520.0 | 500.0 | 3 |" in (tmp_path / "comparison.md").read_text()
 
 
+def test_the_packing_lays_the_same_jobs_longest_first_with_their_reference_jobs_apart():
+    """On two H200s one slot ran stage 06's reference job (105 s) and then its own student (85 s): the run's end.
+    Laid longest first with the reference job apart, the same jobs fit in less (results/h200x2-2026-11-28/)."""
+    rows = [_row("a", "06", "0", 0.0, 190.0, reference_s=105.0), _row("b", "06", "0", 0.0, 80.0),
+            _row("c", "04", "0", 80.0, 100.0), {**_row("d", "06", "0", 100.0, 190.0, reference_s=90.0)}]
+    rows[3]["details"]["ran"]["reference_read"] = "after the job"  # waited for, not run: not taken apart
+    packed = demo.longest_first({"rows": rows}, slots=3)
+    # jobs 105, 85, 80, 20 and 90 on 3 slots, longest first: 105 | 90 + 20 | 85 + 80
+    assert packed == {"span_s": 190.0, "longest_first_s": 165.0, "sum_over_slots_s": round(380 / 3, 1)}
+    assert demo.longest_first({"rows": []}, slots=3) == {}
+
+
 def test_a_run_in_parts_is_compared_only_once_whole(tmp_path):
     _runs(tmp_path, [{"student": "a", "ratio": 1.0}], [{"student": "a", "ratio": 1.0}])
     record = json.loads((tmp_path / "two_gpus.json").read_text())

@@ -241,6 +241,27 @@ def work(report: dict) -> dict:
                          "fastest": probes[0] if probes else None}}
 
 
+def longest_first(report: dict, slots: int) -> dict:
+    """How well the run's slots were packed: the span from its first job's start to its last one's end, beside the
+    same jobs' measured times laid longest first on ``slots`` slots (``heapq``), each reference job run inside a
+    student's slot taken apart as a job of its own, and beside their sum over the slots (no packing does better)."""
+    import heapq
+
+    laid = lanes(report["rows"], report.get("meta"))
+    spans = [s for ls in laid.values() for lane in ls for s in lane]
+    if not spans:
+        return {}
+    times = []
+    for s in spans:
+        whole, ref = s["to"] - s["from"], s["reference_s"] if not s.get("read") else 0.0
+        times += [ref, whole - ref] if 0.5 < ref < whole - 0.5 else [whole]
+    ends = [0.0] * slots
+    for t in sorted(times, reverse=True):
+        heapq.heappush(ends, heapq.heappop(ends) + t)
+    return {"span_s": round(max(s["to"] for s in spans) - min(s["from"] for s in spans), 1),
+            "longest_first_s": round(max(ends), 1), "sum_over_slots_s": round(sum(times) / slots, 1)}
+
+
 def compare(out: Path) -> dict:
     reports = {run: json.loads((out / run / "grades.json").read_text()) for run in RUNS}
     walls = {run: json.loads((out / f"{run}.json").read_text()) for run in RUNS}
@@ -289,6 +310,7 @@ def compare(out: Path) -> dict:
                   for run, w in walls.items()},
         "speedup": speedup, "goals": GOALS, "missed": missed, "simulated": simulated,
         "work": {run: work(rep) for run, rep in reports.items()},
+        "packing": {run: longest_first(rep, walls[run]["jobs"]) for run, rep in reports.items()},
         "rows_per_gpu": {run: _gpu_counts(rep["rows"]) for run, rep in reports.items()},
         "device": meta["two_gpus"]["device"], "gpus": meta["two_gpus"]["environment"].get("gpus"),
         "seed": meta["two_gpus"]["seed"], "dates": {run: m["date"] for run, m in meta.items()},
@@ -323,7 +345,7 @@ def lanes(rows: list[dict], meta: dict | None = None) -> dict[str, list[list[dic
         if r["status"] != "missing" and ran:
             spans.setdefault(str(r["details"].get("gpu")), []).append(
                 {"from": ran["from"], "to": ran["to"], "reference_s": ran.get("reference_s", 0.0), "stage": r["stage"],
-                 "what": r["student"]})
+                 "what": r["student"], "read": "reference_read" in ran})
     for gpu, ref in reference_spans(meta or {}):
         inside = any(s["from"] <= ref["from"] + 0.5 and s["to"] >= ref["to"] - 0.5 and s["reference_s"] > 0.5
                      and s["stage"] == ref["stage"] for s in spans.get(gpu, []))
@@ -408,6 +430,12 @@ def markdown(result: dict) -> str:
     for run, w in result["work"].items():
         lines.append(f"| {run} | {w['jobs_s']} | {w['reference_jobs_run']} | {w['probe_us']['median']} | "
                      f"{w['probe_us']['fastest']} | {w['probe_us']['attempts']} |")
+    lines += ["", "How well the slots were packed: the span from the first job's start to the last one's end; the same "
+              "jobs laid longest first on the run's slots, a reference job run inside a student's slot taken apart; "
+              "their sum over the slots.", "",
+              "| run | span (s) | longest first (s) | sum over the slots (s) |", "|---|---|---|---|"]
+    for run, k in result["packing"].items():
+        lines.append(f"| {run} | {k.get('span_s')} | {k.get('longest_first_s')} | {k.get('sum_over_slots_s')} |")
     spread = result["largest_ratio_spread"]
     lines += ["", f"Two GPUs: {result['speedup']}x as fast as one (goal: at least {GOALS['speedup']}x).",
               f"Op-time ratios compared: {result['ratios_compared']}; the largest max/min - 1: "
