@@ -147,8 +147,8 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     made = []
 
     class Context:
-        def __init__(self, *args):
-            made.append(args)
+        def __init__(self, *args, **kw):
+            made.append((args, kw))
             self.turns, self.limits, self.reference_jobs, self.shared = run.Turns(), {}, {"01 gpu1": {"seconds": 1}}, None
 
         def partners(self):
@@ -159,7 +159,7 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     monkeypatch.setattr(cluster, "_contexts", {})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     spec = {"stages": ["01"], "rubric": None, "solutions": str(REPO / "solutions"), "sandbox": {"mode": "none"},
-            "gpus": [0, 1]}
+            "gpus": [0, 1], "described": {"01": {"variants": {}, "order": []}}}
     got = []
     threads = [threading.Thread(target=lambda: got.append(cluster._context(spec))) for _ in range(4)]
     for t in threads:
@@ -167,6 +167,7 @@ def test_a_workers_context_and_its_turns_are_made_once_for_all_its_jobs(monkeypa
     for t in threads:
         t.join(30)
     assert len(made) == 1 and len(got) == 4 and all(c is got[0] for c in got)
+    assert made[0][1]["described"] is spec["described"]  # planned from the parent's: no child of its own asked
     here = cluster.worker_summary()
     assert here["gpu"] == "1" and here["turns"] == 0 and here["pid"] == os.getpid() and here["time_limits"] == {}
     assert here["reference_partners"] == {"01 gpu1": {"starts": 1}}  # the report says what each worker's did

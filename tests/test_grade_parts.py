@@ -622,3 +622,43 @@ def test_the_child_counts_the_technique_of_the_variant_it_is_told(monkeypatch, n
     assert phases.technique()
     assert counted == [own if named else given]
     assert f"of variant {named or 'tuned_cifar10'!r}" in sent[0].what and sent[1].passed
+
+
+def test_a_runs_stages_are_described_by_one_child_and_its_workers_plan_from_that(tmp_path, monkeypatch):
+    """A run asks what each stage's solution declares of one child, not of one child a stage (seven took about 17 s
+    of a run's start on an H200 host, again in each cluster worker); a solution that does not load is named with
+    its error; a worker's context plans from the parent's description and starts no child."""
+    import shutil
+    import subprocess
+
+    import wrong_submissions as ws
+
+    from labkit.grading import plan as planning
+
+    children = []
+    real_run = subprocess.run
+    monkeypatch.setattr(planning.subprocess, "run", lambda *a, **kw: children.append(a[0]) or real_run(*a, **kw))
+    solutions = ws.REPO / "solutions"
+    ctx = run.Context(["01", "02"], grading.load_rubric(), solutions, gpu=False, simulated=True)
+    assert len(children) == 1 and sum(arg.endswith(".ipynb") for arg in children[0]) == 2
+    for n in ("01", "02"):  # the same as each described alone
+        variants, order = planning.describe_stage(solutions / STAGES[n].notebook)
+        assert list(ctx.plans[n].variants) == [v for v in order if v in ctx.plans[n].variants]
+        assert all(ctx.plans[n].variants[v] == variants[v] for v in ctx.plans[n].variants)
+
+    children.clear()
+    worker = run.Context(["01", "02"], grading.load_rubric(), solutions, gpu=False, simulated=True,
+                         described=json.loads(json.dumps(ctx.described_json())))
+    assert children == [] and {n: p.variants for n, p in worker.plans.items()} == \
+        {n: p.variants for n, p in ctx.plans.items()}
+
+    broken = tmp_path / "solutions"
+    broken.mkdir()
+    for n in ("01", "02"):
+        shutil.copy(solutions / STAGES[n].notebook, broken / STAGES[n].notebook)
+    nb = nbformat.read(broken / STAGES["02"].notebook, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "VARIANTS" in c.source)
+    cell.source += '\nraise RuntimeError("this solution is broken")'
+    nbformat.write(nb, broken / STAGES["02"].notebook)
+    with pytest.raises(grading.GradeError, match=r"02_.*does not load:(.|\n)*this solution is broken"):
+        run.Context(["01", "02"], grading.load_rubric(), broken, gpu=False, simulated=True)

@@ -188,7 +188,7 @@ def _context(spec: dict):
             if refused:  # every task of this worker fails with it: its rows say why
                 raise GradeError(f"this worker ({os.uname().nodename}) cannot grade: {refused}")
             ctx = context.Context(list(spec["stages"]), rubric, Path(spec["solutions"]), info.kind == "gpu", info.simulated,
-                          iso)
+                          iso, described=spec.get("described"))
             if info.kind == "gpu" and worker_gpu() is not None and spec.get("gpus"):
                 ctx.turns.cores = kept_core(spec["gpus"])
             _contexts[key] = ctx

@@ -22,7 +22,7 @@ from . import isolation, refcache, scoring
 from .child_start import probe
 from .job import GradingJob, ReferenceTiming, reference_job
 from .partner import Partner, paired
-from .plan import References, StagePlan, plan_stage
+from .plan import References, StagePlan, declared_from_json, declared_json, describe_stages, in_step, plan_stage
 from .rubric import Rubric
 from .sandbox import linger_long as sandbox_linger
 from .shared_reference import SharedReferences
@@ -73,10 +73,21 @@ class Context:
     """The plans and the reference data of one run, made once per process (the parent, or a cluster worker)."""
 
     def __init__(self, stages: list[str], rubric: Rubric, solutions: Path, gpu: bool, simulated: bool,
-                 sandbox: isolation.Isolation | None = None, cache: refcache.ReferenceCache | None = None):
+                 sandbox: isolation.Isolation | None = None, cache: refcache.ReferenceCache | None = None,
+                 described: dict[str, dict] | None = None):
+        """``described``: what each stage's solution declares (``described_json`` of the parent's context; a
+        cluster's workers plan from it instead of asking a child of their own)."""
         chosen = [STAGES[s] for s in stages]
-        self.plans: dict[str, StagePlan] = {s.number: plan_stage(s, solutions, rubric, gpu, simulated)
-                                            for s in chosen}
+        if described is None:
+            for s in chosen:  # a solution out of step with its source is refused before any child loads one
+                in_step(s, solutions)
+            asked = describe_stages([solutions / s.notebook for s in chosen])
+            declared = {s.number: asked[solutions / s.notebook] for s in chosen}
+        else:
+            declared = {n: declared_from_json(d) for n, d in described.items()}
+        self._declared = declared
+        self.plans: dict[str, StagePlan] = {s.number: plan_stage(s, solutions, rubric, gpu, simulated,
+                                                                 declared[s.number]) for s in chosen}
         self.refs = References()
         for plan in self.plans.values():  # the reference data every job shares, prepared before any child starts
             self.refs.prepare(plan)
@@ -92,6 +103,10 @@ class Context:
         self.reference_jobs: dict[str, dict] = {}  # "04" (or "04 gpu1") -> its seconds, phases, whether cached
         self._partners: dict[tuple, Partner] = {}  # (stage, device) -> the reference timed in students' turns
         self.shared: SharedReferences | None = None  # a cluster's: each deferred reference job once for all workers
+
+    def described_json(self) -> dict[str, dict]:
+        """What each stage's solution declares, for a cluster's workers (``Context(described=...)``)."""
+        return {n: declared_json(d) for n, d in self._declared.items()}
 
     def partner(self, plan: StagePlan, env_extra: dict | None = None) -> Partner | None:
         """The stage's partner on this device (``labkit.grading.partner``), started now if it is not running; None

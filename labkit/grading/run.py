@@ -206,7 +206,8 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     started = time.monotonic()
     spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
             "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
-            "gpus": gpu_list, "per_gpu": per_gpu} if cluster else None  # each cluster worker makes its context of it
+            "gpus": gpu_list, "per_gpu": per_gpu,
+            "described": ctx.described_json()} if cluster else None  # each cluster worker makes its context of it
     rows, where, turns = _run_tasks(ctx, tasks, subs, numbers, jobs, cluster, spec, progress)
     run = {"dinfo": dinfo, "rub": rub, "iso": iso, "numbers": numbers, "subs": subs, "run_seed": run_seed,
            "where": where, "ctx": ctx, "solutions": solutions, "started": started, "single": single, "turns": turns,

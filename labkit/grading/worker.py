@@ -22,8 +22,8 @@ routines and whose kernels ran are reported, for the grader to judge.
 Outputs go back RAW through the pipe (``labkit.grading.protocol``); the grader compares them with the float64
 reference in its own process. Student prints go to this process's stdout/stderr, which the grader keeps apart.
 
-``python -m labkit.grading.worker --describe NOTEBOOK --json OUT`` (trusted solution notebooks only) writes what
-the notebook's VARIANTS declare (``protocol.VariantSpec`` each). A probe (``{"probe": true, "fd": N}`` on stdin, in
+``python -m labkit.grading.worker --describe NOTEBOOK [NOTEBOOK ...] --json OUT`` (trusted solution notebooks
+only) writes what each notebook's VARIANTS declare (``protocol.VariantSpec`` each), or why it did not load. A probe (``{"probe": true, "fd": N}`` on stdin, in
 the run's sandbox before any job: ``labkit.grading.child_start.probe``) sends its ``Hello`` (device, the versions it
 imports) and ends.
 """
@@ -271,8 +271,20 @@ class GradingChild:
             self.send(P.GraderError(str(exc), traceback.format_exc(limit=6), resource=True))
 
 
-def describe(notebook: str, out: str) -> None:
-    """What a (trusted) solution notebook's VARIANTS declare, as JSON for the grader (a ``VariantSpec`` each)."""
+def describe(notebooks: list[str], out: str) -> None:
+    """What each (trusted) solution notebook's VARIANTS declare, as JSON for the grader (a ``VariantSpec`` each),
+    or the end of its traceback where it did not load: one child for a run's stages, the kit imported once."""
+    found = {}
+    for notebook in notebooks:
+        try:
+            found[notebook] = _declared(notebook)
+        except Exception:  # noqa: BLE001 - said for that notebook; the others are still described
+            found[notebook] = {"error": "\n".join(traceback.format_exc().strip().splitlines()[-6:])}
+    with open(out, "w") as fh:
+        json.dump(found, fh)
+
+
+def _declared(notebook: str) -> dict:
     variants = variants_of(nbcells.load(notebook), notebook)
     desc = {}
     for name, v in variants.items():
@@ -286,8 +298,7 @@ def describe(notebook: str, out: str) -> None:
                                    nets=nets, layers=layers, own=own, note=getattr(v, "note", ""),
                                    fuse=tuple(getattr(v, "fuse", ())), requires=tuple(getattr(v, "requires", ())),
                                    unavailable=v.unavailable() if hasattr(v, "unavailable") else "").to_json()
-    with open(out, "w") as fh:
-        json.dump({"variants": desc, "order": list(variants)}, fh)
+    return {"variants": desc, "order": list(variants)}
 
 
 def hello(info) -> P.Hello:
@@ -314,7 +325,8 @@ def _last_launch_note():
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--describe"]:
-        describe(argv[1], argv[3] if len(argv) > 3 and argv[2] == "--json" else "describe.json")
+        at = argv.index("--json") if "--json" in argv else len(argv)
+        describe(argv[1:at], argv[at + 1] if at + 1 < len(argv) else "describe.json")
         return 0
     raw = json.loads(sys.stdin.readline())
     # the grader's answers come on stdin: keep it for them, and give the student's code an empty stdin instead
