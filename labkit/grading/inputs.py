@@ -105,10 +105,13 @@ def fresh_passes(x: np.ndarray, rng: np.random.Generator, repeat: int) -> list[n
     return [(x + rng.normal(0.0, scale, x.shape)).astype(np.float32) for _ in range(repeat)]
 
 
-def share_weights(case, pool: dict) -> None:
+def share_weights(case, pool: dict, network: dict | None = None) -> None:
     """``case`` with copies of the weight values of an earlier case in ``pool`` whose arrays have the same names
-    and shapes (its own arrays, the same numbers); else its own weights join the pool."""
+    and shapes, or else of ``network``'s arrays of those names where their shapes agree (its own arrays, the same
+    numbers); else its own weights join the pool."""
     key = tuple((k, v.shape) for k, v in case.weights.items())
+    if key not in pool and network and all(k in network and network[k].shape == shape for k, shape in key):
+        pool[key] = {k: network[k] for k, _ in key}
     if key in pool:
         case.weights = {k: v.copy() for k, v in pool[key].items()}
     else:
@@ -218,6 +221,12 @@ class JobInputs:
                 # layer by layer: the stage's own layers (given code is the kit's, tested there; a student's own
                 # version of a given layer is still checked in the whole network, every intermediate poisoned)
                 own = spec.layers[net_name] if spec.own is None else spec.own.get(net_name, [])
+                # the whole network's cases are drawn first: each layer's real-size cases take their weight values
+                # from its first, the check's last call from its second (new values for the arrays put where the
+                # first's were), so a constant-memory kernel made for those weights serves the network's check too
+                # (a compile less per layer and network case: stage 06 compiled about 80 kernels a job)
+                networks = [network_case(net_name, b, rng, target=spec.target, answers=False)
+                            for b in plan.network_batches(spec.target)]
                 for layer_name in own:
                     # every batch size, then the first one again on fresh inputs: a result kept from an earlier
                     # call (cached by shape) is wrong there; for a layer with weights, its arrays are put where the
@@ -233,11 +242,13 @@ class JobInputs:
                     for k, b in enumerate((*batches, batches[0])):
                         case = layer_case(net_name, layer_name, b, rng, target=spec.target, answers=False)
                         if k < len(batches):
-                            share_weights(case, pool)
+                            share_weights(case, pool, networks[0].weights)
+                        elif len(networks) > 1:
+                            share_weights(case, {}, networks[1].weights)
                         put_case(case, vname, b, layer_name, net_name, lands_on=again if k == len(batches) else None)
                 before = None  # each batch's weights put where the batch before's, freed, were
-                for b in plan.network_batches(spec.target):  # the layers chained by the engine, intermediates poisoned
-                    case = network_case(net_name, b, rng, target=spec.target, answers=False)
+                for b, case in zip(plan.network_batches(spec.target), networks):  # the layers chained by the engine,
+                    # intermediates poisoned
                     put_case(case, vname, b, f"{get_net(net_name).name} forward", net_name, case.net, lands_on=before)
                     before = len(cases) - 1
         return cases
