@@ -476,6 +476,80 @@ def test_a_layers_batch_sizes_share_weight_values_where_shapes_agree(plan, tmp_p
     assert again["weights"]["conv1.weight"] is not nets[1]["weights"]["conv1.weight"]
 
 
+def test_a_runs_jobs_time_the_same_passes_and_their_answers_are_computed_once(plan, tmp_path, monkeypatch):
+    """On an H200 the float64 reference's answers on each job's own timed passes (9 x 1200 images a job) were three
+    quarters of a grading worker's processor time, beside the jobs: the jobs of a run now draw their timed passes
+    from the run's seed (new images every run, the same for every job), and each pass's answer is computed once
+    for them all. A job without the run's seed (a partner, one job alone) draws its own; so does a run with
+    another seed."""
+    import copy
+
+    import numpy as np
+
+    from labkit.grading import inputs, verdicts
+    from labkit.grading.job import GradingJob
+    from labkit.grading.plan import References
+    from labkit.launch import simulator
+
+    monkeypatch.setattr(simulator, "active", lambda: False)
+    plan.rubric = copy.deepcopy(plan.rubric)
+    plan.rubric["timing"].update(images=6, repeat=3)
+    inputs_seen = []  # each float64 forward's images
+    real = verdicts.reference.forward
+    monkeypatch.setattr(verdicts.reference, "forward", lambda net, w, x, **kw: inputs_seen.append(x) or
+                        real(net, w, x, **kw))
+    refs = References()
+
+    def job(student_seed, passes):
+        j = GradingJob(plan, refs, f"s{student_seed}", plan.solution, student_seed, gpu=True)
+        j.passes_seed = passes
+        (tmp_path / f"j{student_seed}").mkdir()
+        j.build(tmp_path / f"j{student_seed}")
+        return j
+
+    assert inputs.passes_seed(2033) == inputs.passes_seed(2033) != inputs.passes_seed(2034)
+    a, b, own, other = job(1, 7), job(2, 7), job(3, None), job(4, 8)
+    assert len(a._pass_images) == 3 and all(np.array_equal(x, y) for x, y in zip(a._pass_images, b._pass_images))
+    assert not any(np.array_equal(x, y) for x, y in zip(a._pass_images, own._pass_images))
+    assert not any(np.array_equal(x, y) for x, y in zip(a._pass_images, other._pass_images))
+    answers = {j: [j._pass_answer(k) for k in range(3)] for j in (a, b, own, other)}
+    for j in answers:
+        j._ahead.cancel()
+    assert all(np.array_equal(x, y) for x, y in zip(answers[a], answers[b]))
+
+    def computed(j):  # forwards run on a job's pass images
+        return sum(any(x is y or (x.shape == y.shape and np.array_equal(x, y)) for y in j._pass_images)
+                   for x in inputs_seen)
+
+    assert computed(a) == 3 and computed(own) == 3 and computed(other) == 3  # a and b: once for both
+
+
+def test_a_shared_value_is_computed_once_and_a_failure_by_the_next_caller():
+    from labkit.grading.plan import References
+
+    refs, calls = References(), []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.2)
+        return len(calls)
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(refs.shared("k", slow))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert got == [1, 1, 1, 1] and len(calls) == 1
+
+    def broken():
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        refs.shared("b", broken)
+    assert refs.shared("b", lambda: 5) == 5
+
+
 @pytest.mark.parametrize("pass_over", [True, False])
 def test_a_free_slot_passes_over_a_task_that_would_wait_for_its_reference(pass_over):
     """``run.run_local``: the first job of a stage runs its reference job in its slot; another job of that stage

@@ -148,7 +148,8 @@ class Context:
         return not plan.rubric["limits"]["time_factor"] and plan.measured and paired(plan)
 
 
-    def reference(self, plan: StagePlan, env_extra: dict | None = None) -> tuple[ReferenceTiming | None, float]:
+    def reference(self, plan: StagePlan, env_extra: dict | None = None,
+                  passes_seed: int | None = None) -> tuple[ReferenceTiming | None, float]:
         """The stage's solution graded as a job of its own (``job.reference_job``), once per stage and device
         (``CUDA_VISIBLE_DEVICES``) in a run, and the students' time limit that follows from it: ``limits.time_factor``
         times its wall time, at least ``limits.min_time_s``, at most the rubric's limit (``time_factor = 0``: the
@@ -166,7 +167,8 @@ class Context:
         with lock:
             if key not in self._timings:
                 def measure() -> ReferenceTiming:
-                    return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns)
+                    return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns,
+                                         passes_seed)
 
                 began, by = time.time(), None
                 if self.shared is not None and self.defers_reference(plan):  # once for the cluster's workers
@@ -224,7 +226,8 @@ def reference_tasks(ctx: Context, tasks: list[dict]) -> list[dict]:
     H200s (105 s of stage 06's reference job, then 85 s of the student's; results/h200x2-2026-11-28). It gives no
     row (``is_reference``)."""
     return [{"reference": True, "student": "(reference solution)", "stage": n, "notebook": str(ctx.plans[n].solution),
-             "seed": 0} for n in ctx.plans if ctx.defers_reference(ctx.plans[n])
+             "seed": 0, "passes_seed": next((t.get("passes_seed") for t in tasks), None)}
+            for n in ctx.plans if ctx.defers_reference(ctx.plans[n])
             and any(t["stage"] == n and t["notebook"] is not None for t in tasks)]
 
 
@@ -240,7 +243,7 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     if is_reference(task):
         began, details = time.time(), {}
         try:
-            ctx.reference(plan, env_extra)
+            ctx.reference(plan, env_extra, task.get("passes_seed"))
         except Exception as exc:  # noqa: BLE001 - the grader's own failure: each student's job tries it again, and
             details["error"] = f"{type(exc).__name__}: {exc}"  # a failure there is that row's grader error
         details["ran"] = {"from": round(began, 2), "to": round(time.time(), 2)}
@@ -248,7 +251,7 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
     if task["notebook"] is None:
         return missing_row(task["student"], plan, task["seed"], task["where"], task["searched"])
     job = GradingJob(plan, ctx.refs, task["student"], Path(task.get("path") or task["notebook"]), task["seed"], ctx.gpu)
-    job.env_extra = dict(env_extra or {})
+    job.env_extra, job.passes_seed = dict(env_extra or {}), task.get("passes_seed")
     job.sandbox, job.turns = ctx.sandbox, ctx.turns
     if job.device in ctx.stuck:
         return grader_error_row(ctx, task, f"not graded: {job.device} is still held by the processes of "
@@ -262,13 +265,13 @@ def grade_task(ctx: Context, task: dict, env_extra: dict | None = None) -> dict:
         if deferred:
             job.use_reference(None, plan.time_limit)
         else:
-            job.use_reference(*ctx.reference(plan, env_extra))
+            job.use_reference(*ctx.reference(plan, env_extra, job.passes_seed))
             reference_s = time.time() - began  # the first job of a stage runs it; the others wait for it meanwhile
         job.partner = ctx.partner(plan, env_extra) if job.outcome.grader_error is None else None
         job.run()
         if deferred:
             waited = time.time()
-            job.use_reference(ctx.reference(plan, env_extra)[0])
+            job.use_reference(ctx.reference(plan, env_extra, job.passes_seed)[0])
             reference_s = time.time() - waited
         row = job.row()
         row["notebook"] = task["notebook"]

@@ -98,9 +98,16 @@ def spec_limits(plan: StagePlan, gpu: bool) -> dict:
             "max_file_mb": r["limits"]["max_file_mb"]}
 
 
+def passes_seed(run_seed: int) -> int:
+    """The seed a run's timed passes are drawn from (``fresh_passes``): the same images for every job of the run,
+    new ones for every run. A job's child sees only its own passes, and no job can leave anything for another (the
+    sandbox), so no memo can hold their answers; a later attempt draws its own from the job's seed."""
+    return int(np.random.SeedSequence(int(run_seed), spawn_key=(2 ** 32 - 1,)).generate_state(1, dtype=np.uint32)[0])
+
+
 def fresh_passes(x: np.ndarray, rng: np.random.Generator, repeat: int) -> list[np.ndarray]:
     """``repeat`` copies of the images ``x`` with noise of a tenth of their spread, new for every pass and every
-    job (and every attempt)."""
+    run (and every later attempt): drawn from the run's ``passes_seed``, or else from the job's."""
     scale = 0.1 * float(x.std()) or 0.1
     return [(x + rng.normal(0.0, scale, x.shape)).astype(np.float32) for _ in range(repeat)]
 
@@ -172,14 +179,18 @@ class JobInputs:
             accuracy.append(P.AccuracySpec(id=aid, variant=vname, workload=inputs.workload(net_name, images, target)))
             self.acc_items[aid] = {"variant": vname, "net": net_name, "key": (net_name, images, target)}
         self._rng = rng
-        timing, self._pass_images, self._timed_x = inputs.timing(plan, rng, folder) if plan.timing_run() \
+        # the timed passes' images: from the run's seed for them where there is one (every job of the run times
+        # the same images, and the reference's answers on them are computed once for all: ``expected_passes``)
+        passes = rng if self.passes_seed is None else np.random.default_rng(self.passes_seed)
+        timing, self._pass_images, self._timed_x = inputs.timing(plan, passes, folder) if plan.timing_run() \
             else (None, [], None)
         self._pass_inputs = timing.pass_inputs if timing is not None else ""
         task_calls, self._task_expected = inputs.task_calls(plan, rng, 0)
         # the answers, in the order the child asks for them: computed while it runs, never beside another job's turn
         self._answers.update({("task", tid): want.pop("answer") for tid, want in self._task_expected.items()})
         self._answers.update({("pass", k): piece
-                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images))})
+                              for k, piece in enumerate(expected_passes(self.refs, plan, self._pass_images,
+                                                                         self.passes_seed))})
         self._ahead = Ahead(self._answers, self.turns, self.running)
         self.outcome.task_calls = {}
         for want in self._task_expected.values():

@@ -48,14 +48,14 @@ class ReferenceTiming:
 
 
 def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_extra: dict | None = None,
-                  sandbox=None, turns: Turns | None = None) -> ReferenceTiming:
+                  sandbox=None, turns: Turns | None = None, passes_seed: int | None = None) -> ReferenceTiming:
     """The stage's solution graded as a student is, in a child of its own that never holds student code (once per
     stage and device in a run): the same engine, clock and tracing time it, and the job's wall time, measured alone
     (the whole machine's turn: every other job stopped), scales the students' time limit. Where it scales nothing
     (``limits.time_factor = 0``) only its timed phase takes the device's turn, as a student's does, and the other
     jobs run beside the rest of it. A solution that does not pass is the grader's error."""
     job = GradingJob(plan, refs, "(reference solution)", plan.solution, seed, gpu)
-    job.env_extra, job.sandbox, job.turns = dict(env_extra or {}), sandbox, turns
+    job.env_extra, job.sandbox, job.turns, job.passes_seed = dict(env_extra or {}), sandbox, turns, passes_seed
     job.alone = bool(plan.rubric["limits"]["time_factor"])
     job.time_limit = 2 * plan.time_limit  # the kit's own code: a busy machine must not make it the grader's error
     o = job.run()
@@ -82,6 +82,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
     def __init__(self, plan: StagePlan, refs: References, student: str, notebook: Path, seed: int, gpu: bool):
         self.plan, self.refs, self.student, self.notebook = plan, refs, student, notebook
         self.seed, self.gpu = seed, gpu
+        self.passes_seed: int | None = None  # the run's seed for timed passes (inputs.passes_seed); None: the job's
         self.cases: dict[int, dict] = {}
         self.acc_items: dict[str, dict] = {}
         self.outcome = JobOutcome()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,10 @@ def plan_stage(stage: Stage, solutions: Path, rubric: Rubric, gpu: bool, simulat
     return StagePlan(stage, solution, r, variants, timed, measured, why, float(limit), skipped=skipped)
 
 
+#: values ``References.shared`` keeps: a run's timed passes, 9 a timed workload, for a few runs
+SHARED_KEEP = 256
+
+
 class References:
     """Real-image workloads and the reference's predictions on them, computed once per run in the parent."""
 
@@ -211,6 +216,21 @@ class References:
         self._weights: dict = {}
         self.weight_sources: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._shared: dict = {}  # key -> [lock, value, done]: ``shared``
+
+    def shared(self, key, compute: Callable[[], object]) -> object:
+        """``compute()``'s value, computed once for every job of this process that asks for ``key`` (the others
+        wait for it); the ``SHARED_KEEP`` latest keys are kept. A failure is raised to its caller and computed
+        again by the next."""
+        with self._lock:
+            slot = self._shared.pop(key, None) or [threading.Lock(), None, False]
+            self._shared[key] = slot  # now the latest
+            while len(self._shared) > SHARED_KEEP:
+                self._shared.pop(next(iter(self._shared)))
+        with slot[0]:
+            if not slot[2]:
+                slot[1], slot[2] = compute(), True
+        return slot[1]
 
     def weights(self, net: Net) -> dict:
         if net.name not in self._weights:

@@ -37,6 +37,7 @@ from .context import (  # noqa: F401
 from .backlog import Backlog
 from .child_start import probe  # noqa: F401 - run.probe, as before
 from .cores import Cores
+from .inputs import passes_seed
 from .job import GradingJob, ReferenceTiming, reference_job  # noqa: F401 - run.reference_job, as before
 from .reports import merge_reports, write_reports
 from .rubric import GradeError, load_rubric
@@ -102,12 +103,13 @@ def jobs_per_gpu(jobs: int, gpus: list[int]) -> int:
 
 
 def make_tasks(subs: list[Submission], stages: list[str], run_seed: int, root: Path) -> list[dict]:
-    tasks = []
+    tasks, passes = [], passes_seed(run_seed)  # every job's timed passes: the same images (inputs.passes_seed)
     for sub in subs:
         for number in stages:
             nb = sub.notebooks.get(number)
             tasks.append({"student": sub.student, "stage": number, "notebook": str(nb) if nb else None,
-                          "seed": job_seed(run_seed, sub.student, number), "note": sub.notes.get(number, ""),
+                          "seed": job_seed(run_seed, sub.student, number), "passes_seed": passes,
+                          "note": sub.notes.get(number, ""),
                           "where": str(sub.root or root), "searched": sub.root is not None})
     return tasks
 

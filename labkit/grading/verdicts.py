@@ -29,13 +29,24 @@ def timed_probabilities(payload: bytes, passes: int, images: int) -> list | None
     return probs
 
 
-def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray]) -> list:
+def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray], seed: int | None = None) -> list:
     """The float64 reference's class probabilities on each timed pass's images: one piece of work a pass (none
-    where op time is not measured)."""
+    where op time is not measured). ``seed``: the images were drawn from the run's seed for timed passes
+    (``inputs.passes_seed``), the same for every job of the run that times this workload, so each pass's answer is
+    computed once for them all (``References.shared``): computed job by job, they were three quarters of a
+    grading worker's own processor time on an H200 (results/h200-2026-11-28c)."""
     if not images:
         return []
-    wl = refs.get(*plan.timing_run())[0]
-    return [lambda x=x: np.asarray(reference.forward(wl.net, wl.weights, x), np.float64) for x in images]
+    run = plan.timing_run()
+    wl = refs.get(*run)[0]
+
+    def forward(x) -> np.ndarray:
+        return np.asarray(reference.forward(wl.net, wl.weights, x), np.float64)
+
+    if seed is None:
+        return [lambda x=x: forward(x) for x in images]
+    return [lambda k=k, x=x: refs.shared(("timed pass", run, seed, k), lambda: forward(x))
+            for k, x in enumerate(images)]
 
 
 def mismatches(expected: list[np.ndarray], probs: list) -> list[int]:
