@@ -281,6 +281,8 @@ def test_op_time_pairs_the_students_best_attempt_with_the_reference_of_that_turn
     out = {"details": {}}
     ratio, _ = scoring._op_time(out, o, shipped_plan, 4)
     assert ratio == pytest.approx(1.2) and out["details"]["op_time_reference"]["attempt"] == 1
+    assert [(p["student_passes_s"], p["reference_passes_s"]) for p in out["details"]["op_time_reference"]["pairs"]] \
+        == [([0.020], [0.019]), ([0.012], [0.010])]  # every pass of each turn, kept in the row
     # the partner timed nothing (it could not start): the reference job's passes, and the row says why
     o.paired = [{"attempt": 0, "student": [_pass(0.012)], "reference": None, "why": "it did not load"}]
     out = {"details": {}}

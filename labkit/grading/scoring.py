@@ -258,6 +258,9 @@ def _op_time(out: dict, o: JobOutcome, plan: StagePlan, images: int) -> tuple[fl
             {"timed": "in the student's turn, just before it (a partner)", "attempt": best["attempt"],
              "pairs": [{"attempt": p["attempt"], "student_s": min(r["pass"] for r in p["student"]),
                         "reference_s": min(r["pass"] for r in p["reference"]) if p["reference"] else None,
+                        # each pass, in the order they alternated: how far a core's swings reach the ratio
+                        "student_passes_s": [r["pass"] for r in p["student"]],
+                        "reference_passes_s": [r["pass"] for r in p["reference"]] if p["reference"] else None,
                         **({"why": p["why"]} if "why" in p else {})} for p in o.paired]} if best else
             {"timed": "in the reference job", **({"why": o.paired[0].get("why", "")} if o.paired else {})})
         details["op_time_spread"] = {"student": spread(student), "reference": spread(ref)}
