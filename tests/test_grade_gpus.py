@@ -218,6 +218,66 @@ def test_a_cluster_whose_workers_do_not_start_is_refused_in_one_line(monkeypatch
         cluster.connect("cuda:0,1", [0, 1], 1)
 
 
+def _watched_cluster(monkeypatch) -> list:
+    """dask-cuda's stand-in, counting the clusters closed."""
+    closed = []
+
+    class Watched(fake_dask_cuda.LocalCUDACluster):
+        def close(self, *args, **kwargs):
+            closed.append(self)
+            return super().close(*args, **kwargs)
+
+    fake_dask_cuda.install(monkeypatch)
+    monkeypatch.setattr(sys.modules["dask_cuda"], "LocalCUDACluster", Watched)
+    return closed
+
+
+def test_the_cluster_starts_beside_the_parents_own_work_and_is_closed_if_the_run_never_takes_it(monkeypatch):
+    """The parent's checks and plans (7.5 s of a class's wall on an H200 pair), then the cluster's start and its
+    workers' contexts (8 s), ran one after the other: ``cluster.Starting`` starts the cluster in a thread of its own.
+    A start nobody took is closed; one the run took is the run's to close; a failed start is raised where the run
+    takes it."""
+    import time
+
+    closed = _watched_cluster(monkeypatch)
+    began = time.monotonic()
+    starting = cluster.Starting("cuda:0,1", [0, 1], 2)
+    assert time.monotonic() - began < 1  # the start goes on beside what follows
+    starting.close()
+    assert len(closed) == 1
+    starting = cluster.Starting("cuda:0,1", [0, 1], 2)
+    client, made, where = starting.result()
+    try:
+        starting.close()
+        assert len(closed) == 1 and set(client.nthreads().values()) == {2} and "GPUs 0, 1" in where
+    finally:
+        client.close()
+        made.close()
+
+    class Refusing(fake_dask_cuda.LocalCUDACluster):
+        def __init__(self, **kw):
+            raise ValueError("Can not scale beyond visible devices")
+
+    monkeypatch.setattr(sys.modules["dask_cuda"], "LocalCUDACluster", Refusing)
+    starting = cluster.Starting("cuda:0,1", [0, 1], 1)
+    with pytest.raises(GradeError, match=r"could not start a worker on each of GPUs 0, 1 \(ValueError"):
+        starting.result()
+    starting.close()
+
+
+def test_a_run_refused_while_its_cluster_starts_closes_the_cluster(two_gpus, tmp_path, monkeypatch):
+    closed = _watched_cluster(monkeypatch)
+
+    def refused(*args, **kwargs):
+        raise GradeError("the reference solutions do not load")
+
+    monkeypatch.setattr(run, "Context", refused)
+    with pytest.raises(GradeError, match="do not load"):
+        run.grade(tmp_path / "subs", stages=["01"], out=tmp_path / "o", gpus="0,1", jobs=2, unsandboxed=True,
+                  progress=False)
+    assert len(closed) == 1 and len(fake_dask_cuda.made) == 1
+
+
 _RETRY = {"running": 0, "log": [], "lock": threading.Lock()}
 
 

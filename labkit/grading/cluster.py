@@ -168,6 +168,47 @@ def connect(spec: str, gpus: list[int] | None = None, per_gpu: int = 1):
     return Client(cluster), cluster, f"{workers} {kind} job{'s' * (workers > 1)} through dask-jobqueue"
 
 
+class Starting:
+    """``connect(spec, gpus, per_gpu)`` in a thread of its own, begun before the parent's own checks and plans (its
+    probe child, the child that describes the stages, the reference data: 7.5 s of a class's wall on an H200 pair,
+    then the cluster's start and its workers' contexts, 8 s more, one after the other). ``result()`` waits for it
+    (its failure is raised there); ``close()`` ends a cluster the run never used (the run was refused meanwhile)."""
+
+    def __init__(self, spec: str, gpus: list[int] | None = None, per_gpu: int = 1):
+        self._box: dict = {}
+        self._taken = False
+        self._thread = threading.Thread(target=self._start, args=(spec, gpus, per_gpu), daemon=True,
+                                        name="labkit-cluster-start")
+        self._thread.start()
+
+    def _start(self, spec: str, gpus, per_gpu: int) -> None:
+        try:
+            self._box["made"] = connect(spec, gpus, per_gpu)
+        except BaseException as exc:  # noqa: BLE001 - raised in result()
+            self._box["error"] = exc
+
+    def result(self):
+        """(client, cluster or None, description), as ``connect`` gives them; the caller now closes them."""
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        self._taken = True
+        return self._box["made"]
+
+    def close(self) -> None:
+        """End the cluster if nobody took it (waits for its start first)."""
+        self._thread.join()
+        if self._taken or "made" not in self._box:
+            return
+        client, cluster, _ = self._box["made"]
+        for made in (client, cluster):
+            if made is not None:
+                try:
+                    made.close()
+                except Exception:  # noqa: BLE001 - already broken
+                    pass
+
+
 def _env(spec: dict) -> dict:
     """What every child of this worker gets: its GPU, on a dask-cuda worker."""
     gpu = worker_gpu() if spec.get("gpus") else None
@@ -266,14 +307,16 @@ def in_slots(tasks: list[dict], slots: int, submit: Callable, finished: Callable
 
 
 def run_on_cluster(spec_str: str, spec: dict, tasks: list[dict], on_row: Callable[[dict, dict], None],
-                   local: Callable[[dict], dict], failed: Callable[[dict, str], dict]) -> tuple[list[dict], str, dict]:
+                   local: Callable[[dict], dict], failed: Callable[[dict, str], dict],
+                   starting: Starting | None = None) -> tuple[list[dict], str, dict]:
     """Rows for ``tasks`` in their order; a task without a notebook (missing stage) is answered by ``local``, a
     task whose worker was lost by ``failed(task, why)``. A row the grader's machinery could not finish for want of
     a resource (threads) is graded again at the end, alone on the cluster, as ``run.run_local`` does. Also returns
     the description of the cluster and each worker's turns (``worker_summary``: {worker address: summary})."""
     spec = {**spec, "rubric": str(Path(spec["rubric"]).resolve()) if spec["rubric"] else None,
             "solutions": str(Path(spec["solutions"]).resolve()), "run": uuid.uuid4().hex}
-    client, cluster, where = connect(spec_str, spec.get("gpus"), spec.get("per_gpu", 1))
+    client, cluster, where = starting.result() if starting is not None else \
+        connect(spec_str, spec.get("gpus"), spec.get("per_gpu", 1))
     rows: list = [None] * len(tasks)
 
     def submit(i: int, attempt: int = 0):

@@ -193,24 +193,30 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
     submissions = Path(submissions)
     chosen, subs, single = _submissions(submissions, stages, solutions, students)
     cluster, gpu_list, per_gpu = _gpus(cluster, gpus, jobs)
-    private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
-               "the solutions": solutions.resolve()}
-    iso, ref_cache, no_cache = _sandbox(sandbox, unsandboxed, cache, cluster, gpus, private, rub, gpu_list)
-    numbers = [s.number for s in chosen]
-    ctx = Context(numbers, rub, solutions, dinfo.kind == "gpu", dinfo.simulated, iso, ref_cache)
-    if dinfo.kind == "cpu":
-        needs_gpu = [n for n, p in ctx.plans.items() if any(v.target == "gpu" for v in p.variants.values())]
-        if needs_gpu:
-            raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
-                             f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
-    run_seed = fresh_seed() if seed is None else int(seed)
-    tasks = make_tasks(subs, numbers, run_seed, submissions)
-    started = time.monotonic()
-    spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
-            "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
-            "gpus": gpu_list, "per_gpu": per_gpu,
-            "described": ctx.described_json()} if cluster else None  # each cluster worker makes its context of it
-    rows, where, turns = _run_tasks(ctx, tasks, subs, numbers, jobs, cluster, spec, progress)
+    # the cluster starts while this process makes its own checks and plans; a run refused meanwhile closes it
+    starting = dask_cluster.Starting(cluster, gpu_list, per_gpu) if cluster else None
+    try:
+        private = {"the submissions": submissions.resolve(), "--out": Path(out).resolve(),
+                   "the solutions": solutions.resolve()}
+        iso, ref_cache, no_cache = _sandbox(sandbox, unsandboxed, cache, cluster, gpus, private, rub, gpu_list)
+        numbers = [s.number for s in chosen]
+        ctx = Context(numbers, rub, solutions, dinfo.kind == "gpu", dinfo.simulated, iso, ref_cache)
+        if dinfo.kind == "cpu":
+            needs_gpu = [n for n, p in ctx.plans.items() if any(v.target == "gpu" for v in p.variants.values())]
+            if needs_gpu:
+                raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the "
+                                 f"CUDA simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
+        run_seed = fresh_seed() if seed is None else int(seed)
+        tasks = make_tasks(subs, numbers, run_seed, submissions)
+        started = time.monotonic()
+        spec = {"stages": numbers, "rubric": str(rubric) if rubric else None, "solutions": str(solutions),
+                "sandbox": iso.describe(), "private": {k: str(v) for k, v in private.items()},
+                "gpus": gpu_list, "per_gpu": per_gpu,
+                "described": ctx.described_json()} if cluster else None  # each worker makes its context of it
+        rows, where, turns = _run_tasks(ctx, tasks, subs, numbers, jobs, cluster, spec, progress, starting)
+    finally:
+        if starting is not None:
+            starting.close()  # (nothing, where the run took it)
     run = {"dinfo": dinfo, "rub": rub, "iso": iso, "numbers": numbers, "subs": subs, "run_seed": run_seed,
            "where": where, "ctx": ctx, "solutions": solutions, "started": started, "single": single, "turns": turns,
            "jobs": jobs, "gpu_list": gpu_list, "per_gpu": per_gpu, "ref_cache": ref_cache, "no_cache": no_cache}
@@ -296,7 +302,8 @@ def _sandbox(sandbox: str, unsandboxed: bool, cache, cluster, gpus, private: dic
 
 
 def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], jobs: int, cluster: str | None,
-               spec: dict | None, progress: bool) -> tuple[list[dict], str, dict]:
+               spec: dict | None, progress: bool,
+               starting: "dask_cluster.Starting | None" = None) -> tuple[list[dict], str, dict]:
     """The rows of every task (here, ``jobs`` at a time, or on the cluster), where they ran and the turns."""
     from tqdm import tqdm  # plain text bar: works in a terminal and in a notebook without ipywidgets
 
@@ -317,7 +324,8 @@ def _run_tasks(ctx: Context, tasks: list[dict], subs: list, numbers: list[str], 
     if cluster:
         rows, where, by_worker = dask_cluster.run_on_cluster(cluster, spec, tasks, on_row,
                                                              lambda task: grade_task(ctx, task),
-                                                             lambda task, why: grader_error_row(ctx, task, why))
+                                                             lambda task, why: grader_error_row(ctx, task, why),
+                                                             starting)
         turns = {**merged_turns(list(by_worker.values())), "by_worker": by_worker}  # each worker's own turns
     else:
         # on a GPU, the device's timed phases get a core the grader keeps free (labkit.grading.cores)
