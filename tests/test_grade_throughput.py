@@ -477,8 +477,8 @@ def test_a_layers_batch_sizes_share_weight_values_where_shapes_agree(plan, tmp_p
 
 
 def test_a_runs_jobs_time_the_same_passes_and_their_answers_are_computed_once(plan, tmp_path, monkeypatch):
-    """On an H200 the float64 reference's answers on each job's own timed passes (9 x 1200 images a job) were three
-    quarters of a grading worker's processor time, beside the jobs: the jobs of a run now draw their timed passes
+    """On an H200 the float64 reference's answers on each job's own timed passes (9 x 1200 images a job) were most
+    of a grading worker's processor time, beside the jobs: the jobs of a run now draw their timed passes
     from the run's seed (new images every run, the same for every job), and each pass's answer is computed once
     for them all. A job without the run's seed (a partner, one job alone) draws its own; so does a run with
     another seed."""

@@ -33,8 +33,8 @@ def expected_passes(refs: References, plan: StagePlan, images: list[np.ndarray],
     """The float64 reference's class probabilities on each timed pass's images: one piece of work a pass (none
     where op time is not measured). ``seed``: the images were drawn from the run's seed for timed passes
     (``inputs.passes_seed``), the same for every job of the run that times this workload, so each pass's answer is
-    computed once for them all (``References.shared``): computed job by job, they were three quarters of a
-    grading worker's own processor time on an H200 (results/h200-2026-11-28c)."""
+    computed once for them all (``References.shared``): computed job by job, their float64 convolutions were most
+    of a grading worker's own processor time on an H200 (results/h200-2026-11-28c, results/h200x2-2026-11-28b)."""
     if not images:
         return []
     run = plan.timing_run()
