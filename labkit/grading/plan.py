@@ -36,8 +36,10 @@ Declared = tuple[dict[str, VariantSpec], list[str]]  # a solution's variants by 
 
 def describe_stages(solutions: list[Path], timeout: float = 600) -> dict[Path, Declared]:
     """What each reference solution's VARIANTS declare, asked of one child process (the parent imports no
-    kernels; one child for a run's stages imports the kit once: seven children took about 17 s of a run's start on
-    an H200 host). A solution that does not load is refused in one line with the end of its traceback."""
+    kernels). One child for a run's stages imports the kit once: with a child a stage, in the parent and again in
+    each cluster worker, a class's wall outside its jobs was 42 s on an H200 pair, 17 s after
+    (results/h200x2-2026-11-28b). A solution that does not load is refused in one line with the end of its
+    traceback."""
     with tempfile.TemporaryDirectory(prefix="labkit-describe-") as tmp:
         out = Path(tmp) / "describe.json"
         names = [str(s) for s in solutions]
