@@ -201,11 +201,7 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         iso, ref_cache, no_cache = _sandbox(sandbox, unsandboxed, cache, cluster, gpus, private, rub, gpu_list)
         numbers = [s.number for s in chosen]
         ctx = Context(numbers, rub, solutions, dinfo.kind == "gpu", dinfo.simulated, iso, ref_cache)
-        if dinfo.kind == "cpu":
-            needs_gpu = [n for n, p in ctx.plans.items() if any(v.target == "gpu" for v in p.variants.values())]
-            if needs_gpu:
-                raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the "
-                                 f"CUDA simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
+        _gpu_code_here(ctx, dinfo)
         run_seed = fresh_seed() if seed is None else int(seed)
         tasks = make_tasks(subs, numbers, run_seed, submissions)
         started = time.monotonic()
@@ -228,6 +224,16 @@ def grade(submissions: str | Path, stages: list[str] | None = None, rubric: str 
         report = merge_reports(out / "grades.json", report)
     write_reports(out, report, gradescope=gradescope)
     return report
+
+
+def _gpu_code_here(ctx: Context, dinfo) -> None:
+    """Refused in one line: stages with GPU code on a machine with neither a GPU nor the CUDA simulator."""
+    if dinfo.kind != "cpu":
+        return
+    needs_gpu = [n for n, p in ctx.plans.items() if any(v.target == "gpu" for v in p.variants.values())]
+    if needs_gpu:
+        raise GradeError(f"stages {', '.join(needs_gpu)} have GPU code, and there is no GPU here and the CUDA "
+                         f"simulator is off: run with NUMBA_ENABLE_CUDASIM=1, or grade on a GPU machine")
 
 
 def _check_resources(jobs: int, out, cache) -> None:
