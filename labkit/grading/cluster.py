@@ -102,6 +102,16 @@ def worker_gpu() -> str | None:
     return visible or None
 
 
+def _close(*made) -> None:
+    """Close each of a run's Dask client and cluster that exists, one already broken or not."""
+    for thing in made:
+        if thing is not None:
+            try:
+                thing.close()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
+
+
 def _started(make: Callable, workers: int, failure: str):
     """(client, cluster) once ``workers`` workers of the cluster ``make()`` makes are up; a cluster whose workers do
     not start (within ``START_S``) is closed and refused in one line, where the run would wait for them forever."""
@@ -114,12 +124,7 @@ def _started(make: Callable, workers: int, failure: str):
         client.wait_for_workers(workers, timeout=START_S)
         return client, cluster
     except Exception as exc:  # noqa: BLE001 - NVML, a worker that failed its start, a timeout: one line
-        for made in (client, cluster):
-            if made is not None:
-                try:
-                    made.close()
-                except Exception:  # noqa: BLE001 - already broken
-                    pass
+        _close(client, cluster)
         raise GradeError(f"{failure} ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from None
 
 
@@ -201,12 +206,7 @@ class Starting:
         if self._taken or "made" not in self._box:
             return
         client, cluster, _ = self._box["made"]
-        for made in (client, cluster):
-            if made is not None:
-                try:
-                    made.close()
-                except Exception:  # noqa: BLE001 - already broken
-                    pass
+        _close(client, cluster)
 
 
 def _env(spec: dict) -> dict:
