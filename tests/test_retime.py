@@ -150,6 +150,16 @@ def test_a_slow_core_is_timed_again_on_fresh_images_and_the_best_pass_counts(job
     assert o.timing_mismatches == [0] * 6  # every pass of both attempts against the reference on its own images
 
 
+def test_a_job_told_not_to_retime_keeps_its_slow_attempt(job):
+    """A reference job whose students all have partners (``reference_job(retime=False)``): one attempt however slow
+    its core, so every student of the stage waiting for it waits less."""
+    job.retime = False
+    job.turns.fastest(job.device, 100.0)
+    answers, _ = _attempt(job, 0, 500.0, 0.2)  # five times the fastest: would be timed again
+    assert answers[-1] is P.Answer.SKIP and "timing" in job.outcome.finished
+    assert [a["attempt"] for a in job.outcome.timing_attempts] == [0]
+
+
 def test_the_childs_sandbox_sees_the_folder_later_attempts_appear_in(job, tmp_path):
     """The sandbox binds files and folders that exist when the child starts: a pass's file, written after, is
     visible only inside a folder bound then (an H100 run without it: FileNotFoundError in every retimed job)."""

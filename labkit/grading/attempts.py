@@ -48,10 +48,12 @@ class TimedAttempts:
         """Time another attempt, later, on fresh images: this one's core ran slower than ``timing.slow_core`` above
         the fastest probe the run saw on this device, an attempt is left, and the job's limit leaves room for two
         more like it. Never where a partner timed the reference in the same turn (its ratio does not follow the
-        core)."""
+        core), nor for a reference job that is only its students' fallback (``retime``)."""
         t = self.plan.rubric["timing"]
         if self.partner is not None and self._paired[0] is not None:
             return False  # its partner ran on the same core in the same turn: a slow spell slowed both alike
+        if not self.retime:
+            return False  # a reference job whose op time every student's partner stands in for (reference_job)
         if speed is None or self._attempt + 1 >= t.get("attempts", 1) or speed <= (1 + t.get("slow_core", 0.15)) \
                 * fastest:
             return False

@@ -168,7 +168,7 @@ class Context:
             if key not in self._timings:
                 def measure() -> ReferenceTiming:
                     return reference_job(plan, self.refs, self.gpu, fresh_seed(), env, self.sandbox, self.turns,
-                                         passes_seed)
+                                         passes_seed, retime=not self.defers_reference(plan))
 
                 began, by = time.time(), None
                 if self.shared is not None and self.defers_reference(plan):  # once for the cluster's workers

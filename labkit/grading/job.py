@@ -48,15 +48,20 @@ class ReferenceTiming:
 
 
 def reference_job(plan: StagePlan, refs: References, gpu: bool, seed: int, env_extra: dict | None = None,
-                  sandbox=None, turns: Turns | None = None, passes_seed: int | None = None) -> ReferenceTiming:
+                  sandbox=None, turns: Turns | None = None, passes_seed: int | None = None,
+                  retime: bool = True) -> ReferenceTiming:
     """The stage's solution graded as a student is, in a child of its own that never holds student code (once per
     stage and device in a run): the same engine, clock and tracing time it, and the job's wall time, measured alone
     (the whole machine's turn: every other job stopped), scales the students' time limit. Where it scales nothing
     (``limits.time_factor = 0``) only its timed phase takes the device's turn, as a student's does, and the other
-    jobs run beside the rest of it. A solution that does not pass is the grader's error."""
+    jobs run beside the rest of it. Where every student of the stage is timed against a partner (``retime``
+    False: ``Context.defers_reference``), its op time is only their fallback, and a slow core does not earn it
+    more turns: on two H200s stage 06's and 09's took three each, 16 s of timing in a 68 s job that every student
+    of those stages waited for at its end (results/h200x2-2026-11-28c). A solution that does not pass is the
+    grader's error."""
     job = GradingJob(plan, refs, "(reference solution)", plan.solution, seed, gpu)
     job.env_extra, job.sandbox, job.turns, job.passes_seed = dict(env_extra or {}), sandbox, turns, passes_seed
-    job.alone = bool(plan.rubric["limits"]["time_factor"])
+    job.alone, job.retime = bool(plan.rubric["limits"]["time_factor"]), retime
     job.time_limit = 2 * plan.time_limit  # the kit's own code: a busy machine must not make it the grader's error
     o = job.run()
     row = job.row()
@@ -101,6 +106,7 @@ class GradingJob(JobInputs, JobVerdicts, TimedAttempts):
         self.sandbox = None  # the run's labkit.grading.isolation (run.grade_task sets it; None: the best here)
         self.turns: Turns | None = None  # the run's turns (labkit.grading.turns): None, no other job to stop
         self.alone = False  # a reference job: the whole machine's turn for its whole run
+        self.retime = True  # a slow core's attempt is timed again (timing.attempts, timing.slow_core)
         self.running: Running | None = None
         self._task_expected: dict[int, dict] = {}  # task call id -> what the grader expects of it
         self.clock = PhaseClock(lambda: self.running.paused_s() if self.running is not None else 0.0)

@@ -24,6 +24,13 @@ CSV_FIELDS = ["student", "stage", "status", "passed", "score", "max_score", "cor
               "reference_op_time_s", "ratio", "message", "notebook", "seed", "seconds"]
 
 
+def _op_time_how(row: dict) -> str:
+    """How the row's op times were taken, in the student's words (labkit.grading.scoring._op_time)."""
+    paired = ((row.get("details") or {}).get("op_time_reference") or {}).get("timed", "").startswith("in the student")
+    return ("median pass; the ratio is the median of your passes over the reference's, timed in turn"
+            if paired else "best of the timed passes")
+
+
 def _csv_value(v):
     if isinstance(v, float):
         return f"{v:.6g}"
@@ -88,7 +95,7 @@ def gradescope_results(rows: list[dict], meta: dict) -> dict:
         if most.get("op_time"):
             t, ref_t, ratio = r.get("op_time_s"), r.get("reference_op_time_s"), r.get("ratio")
             parts.append(("op time", r["op_time_points"],
-                          f"op time {t:.6g} s (best of the timed passes), the reference's {ref_t:.6g} s: "
+                          f"op time {t:.6g} s ({_op_time_how(r)}), the reference's {ref_t:.6g} s: "
                           f"{ratio:.2f}x" if isinstance(t, float) and isinstance(ratio, float)
                           else f"op time: {t if t is not None else 'not timed (the checks or accuracy did not pass)'}"))
         if most.get("technique"):

@@ -373,9 +373,11 @@ def _meta(run: dict, command: str | None, rows: list[dict]) -> dict:
                         for v, c in p.variants.items()} for n, p in plans.items()},
         "op_time": {n: ("measured" if p.measured else f"not measured ({p.not_measured_why})")
                     for n, p in plans.items()},
-        "op_time_rule": "the whole pass (every layer, until the device is idle and the pass's threads ended), best "
-                        "(minimum) of timing.repeat passes on fresh images after timing.warmup; the reference "
-                        "solution timed the same way in a job of its own; spread in each row's details",
+        "op_time_rule": "the whole pass (every layer, until the device is idle and the pass's threads ended), "
+                        "timing.repeat passes on fresh images after timing.warmup; with a partner (the stage's "
+                        "solution timed pass by pass in the student's turn) the ratio is the median of the student's "
+                        "pass over the partner's pass before it and each op time its median pass, otherwise the best "
+                        "(minimum) pass of the student's over the reference job's; every pass in each row's details",
         "accuracy": {n: ("scored" if p.accuracy_scored else "not scored (no labelled images)")
                      for n, p in plans.items()},
         "single_submission": run["single"],
