@@ -283,8 +283,9 @@ def paired_op_time(pairs: list[dict]) -> tuple[list[float], list[float], float |
     """The student's and the partner's passes of every paired turn, and the ratio that scores them: the median,
     over the turns' pass pairs, of the student's pass over the partner's pass just before it. A core's speed
     swings within a turn, pass by pass; a pair's two passes share the swing, a minimum of each side does not. On
-    two H200s the same class graded on one GPU and on two gave 30 of 40 ratios within 5 % this way, 23 with the
-    ratio of the turn's best passes (worst 13.5 % against 24.5 %, results/h200x2-2026-11-28c)."""
+    two H200s (the same class graded on one GPU and on two, three times) the largest gap between the two runs'
+    ratios of one submission was 12-14 % this way against 24-55 % for the best passes' ratio, and copies of the
+    solution scored 0.965-1.153 against 0.684-1.272 (results/h200x2-2026-11-28c)."""
     student = [run["pass"] for p in pairs for run in p["student"]]
     ref = [run["pass"] for p in pairs for run in p["reference"]]
     ratios = [s["pass"] / r["pass"] for p in pairs for s, r in zip(p["student"], p["reference"]) if r["pass"] > 0]
