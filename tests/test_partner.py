@@ -22,7 +22,8 @@ from labkit.grading.turns import Turns  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTION = REPO / "solutions" / "01_serial_baseline.ipynb"
-SLOW = 3.0  # the reference job's passes as if its core had run this much slower
+SLOW = 10.0  # the reference job's passes as if its core had run this much slower (far beyond a busy 2-core
+# machine's own swings: at 3, one copy of the solution timed alone scored 0.58 in a clean CI run, not below 0.5)
 
 
 def _rubric(paired: str) -> str:
@@ -73,7 +74,7 @@ def test_a_slow_reference_job_does_not_move_the_ratios_of_paired_timing(slow_ref
     # the same code as the reference, timed beside its partner in the same turns: near 1 whatever the reference
     # job measured; against the slowed reference job's passes alone: about 1 / SLOW
     assert all(0.5 < r["ratio"] < 2.0 for r in paired), [r["ratio"] for r in paired]
-    assert all(r["ratio"] < 1.5 / SLOW for r in alone), [r["ratio"] for r in alone]
+    assert all(r["ratio"] < 5.0 / SLOW for r in alone), [r["ratio"] for r in alone]
     assert all(r["op_time_points"] > 20 for r in paired)  # (a ratio below 2 earns at least 21.8 of 30 here)
     for r in paired:
         how = r["details"]["op_time_reference"]

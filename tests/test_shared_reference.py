@@ -107,7 +107,7 @@ def test_two_workers_contexts_share_a_deferred_reference_job_only(client, tmp_pa
     the reference job's wall time, each GPU measures its own."""
     ran = []
 
-    def reference_job(plan, refs, gpu, seed, env, *args):
+    def reference_job(plan, refs, gpu, seed, env, *args, **kwargs):
         ran.append(env.get("CUDA_VISIBLE_DEVICES"))
         return _timing(12.0)
 
