@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 from statistics import median
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from labkit.grading.scoring import paired_op_time  # noqa: E402
+
 
 def _turns(row: dict) -> list[tuple[list[float], list[float]]]:
     pairs = ((row.get("details") or {}).get("op_time_reference") or {}).get("pairs") or []
@@ -29,8 +32,13 @@ def _low(values: list[float], k: int = 3) -> float:
     return sum(sorted(values)[:k])
 
 
+def _scored(s: list[float], r: list[float]) -> float:
+    """The rule that scores rows, run on these passes as one turn."""
+    return paired_op_time([{"student": [{"pass": a} for a in s], "reference": [{"pass": b} for b in r]}])[2]
+
+
 RULES = {
-    "median of pairs": lambda s, r: median(a / b for a, b in zip(s, r)),
+    "median of pairs": _scored,
     "best / best": lambda s, r: min(s) / min(r),
     "median / median": lambda s, r: median(s) / median(r),
     "mean / mean": lambda s, r: sum(s) / sum(r),
