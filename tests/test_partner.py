@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_grade_load import PinningSandbox, _running  # noqa: E402
 
 from labkit import grading  # noqa: E402
-from labkit.grading import context, rubric, scoring  # noqa: E402
+from labkit.grading import context, reports, rubric, scoring  # noqa: E402
 from labkit.grading.cores import Cores  # noqa: E402
 from labkit.grading.turns import Turns  # noqa: E402
 
@@ -89,6 +89,12 @@ def test_a_slow_reference_job_does_not_move_the_ratios_of_paired_timing(slow_ref
         assert r["reference_op_time_s"] == pytest.approx(statistics.median(q for _, q in pairs))
     for r in alone:
         assert r["details"]["op_time_reference"] == {"timed": "in the reference job"}
+    # and each student's Gradescope line says how its op time was taken
+    lines = {paired: [t["output"] for r in slow_reference[paired]["rows"]
+                      for t in reports.gradescope_results([r], slow_reference[paired]["meta"])["tests"]
+                      if t["name"].endswith(": op time")] for paired in ("always", "never")}
+    assert len(lines["always"]) == 2 and all("the ratio is the median of your passes" in x for x in lines["always"])
+    assert len(lines["never"]) == 2 and all("(best of the timed passes)" in x for x in lines["never"])
     # a slow core earns the reference job more turns only where its op time scores students
     assert slow_reference["always"]["reference_retimed"] == [False]
     assert slow_reference["never"]["reference_retimed"] == [True]

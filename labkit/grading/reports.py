@@ -26,7 +26,7 @@ CSV_FIELDS = ["student", "stage", "status", "passed", "score", "max_score", "cor
 
 def _op_time_how(row: dict) -> str:
     """How the row's op times were taken, in the student's words (labkit.grading.scoring._op_time)."""
-    paired = ((row.get("details") or {}).get("op_time_reference") or {}).get("timed", "").startswith("in the student")
+    paired = bool(((row.get("details") or {}).get("op_time_reference") or {}).get("pairs"))
     return ("median pass; the ratio is the median of your passes over the reference's, timed in turn"
             if paired else "best of the timed passes")
 
